@@ -1,0 +1,80 @@
+from django.contrib import admin, messages
+
+from portal.accounts.models import ApiToken, Membership, Team
+from portal.accounts.tokens import issue_token, revoke_tokens
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "member_count", "created_at"]
+    search_fields = ["slug", "name"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+    @admin.display(description="members")
+    def member_count(self, team: Team) -> int:
+        return team.memberships.count()
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "team", "role", "created_at"]
+    list_filter = ["role", "team"]
+    search_fields = ["user__username", "team__slug"]
+    autocomplete_fields = ["user", "team"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are created here by an operator; the plaintext is shown once, in the message."""
+
+    list_display = [
+        "name",
+        "team",
+        "role",
+        "prefix",
+        "status",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+    ]
+    list_filter = ["role", "team", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "team__slug"]
+    readonly_fields = ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+    fields = ["team", "name", "role", "expires_at", *readonly_fields]
+    actions = ["revoke"]
+
+    @admin.display(description="status")
+    def status(self, token: ApiToken) -> str:
+        if token.revoked_at:
+            return "revoked"
+        return "active" if token.is_active else "expired"
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        issued = issue_token(
+            team=obj.team,
+            name=obj.name,
+            role=obj.role,
+            created_by=request.user,
+            expires_at=obj.expires_at,
+        )
+        obj.pk = issued.token.pk
+        self.message_user(
+            request,
+            f"Token created. Copy it now, it will not be shown again: {issued.plaintext}",
+            messages.WARNING,
+        )
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        count = revoke_tokens(queryset)
+        self.message_user(request, f"Revoked {count} token(s).")

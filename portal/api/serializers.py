@@ -1,0 +1,211 @@
+"""Input and output shapes of the API. Inputs reject unknown fields; logic lives in services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from portal.accounts.models import Team
+from portal.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    Instance,
+    InstanceType,
+    Strategy,
+)
+from portal.registry.models import (
+    ApiSurface,
+    Backend,
+    Model,
+    ModelVersion,
+    PlatformRelease,
+    TaskKind,
+)
+from portal.registry.validation import find_version_overrides, override_message
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses fields it does not know, so a typo is an error instead of being silently dropped."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {
+                        name: [f"Unknown field. Known fields: {', '.join(self.fields)}."]
+                        for name in unknown
+                    }
+                )
+        return super().to_internal_value(data)
+
+
+class NoOverridesInput(StrictInput):
+    """Gives attempts to pin the vLLM version or image their own message, before anything else."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        paths = find_version_overrides(data) if isinstance(data, dict) else []
+        if paths:
+            field = paths[0].split(".")[0].split("[")[0]
+            release = PlatformRelease.objects.filter(is_default=True).first()
+            raise serializers.ValidationError({field: [override_message(paths, release)]})
+        return super().to_internal_value(data)
+
+
+# --- Output --------------------------------------------------------------------------------
+
+
+class TeamOut(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["id", "slug", "name", "role", "created_at"]
+
+    def get_role(self, team: Team) -> str | None:
+        access = self.context.get("access")
+        if access is None:
+            return None
+        return "member" if access.can_write(team.pk) else "viewer"
+
+
+class ReleaseOut(serializers.ModelSerializer):
+    class Meta:
+        model = PlatformRelease
+        fields = ["id", "name", "triton_image", "vllm_version", "allowed_engine_args", "is_default"]
+
+
+class InstanceTypeOut(serializers.ModelSerializer):
+    class Meta:
+        model = InstanceType
+        fields = ["name", "description", "accelerator", "gpus", "cpus", "memory_gib"]
+
+
+class ModelOut(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["id", "team", "slug", "task", "description", "latest_version", "created_at"]
+
+    def get_latest_version(self, model: Model) -> int | None:
+        number = model.next_version_number - 1
+        return number or None
+
+
+class VersionOut(serializers.ModelSerializer):
+    team = serializers.CharField(source="model.team.slug", read_only=True)
+    model_slug = serializers.CharField(source="model.slug", read_only=True)
+    release = ReleaseOut(read_only=True)
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id", "model", "model_slug", "team", "number", "artifact_uri", "backend",
+            "engine_args", "io_spec", "api_surface", "constraint_plugins", "release",
+            "state", "failure_reason", "state_changed_at", "created_at",
+        ]  # fmt: skip
+
+
+class DeploymentOut(serializers.ModelSerializer):
+    team = serializers.CharField(source="model.team.slug", read_only=True)
+    target_version = serializers.IntegerField(source="target_version.number", read_only=True)
+    target_version_id = serializers.IntegerField(read_only=True)
+    previous_version = serializers.IntegerField(
+        source="previous_version.number", read_only=True, allow_null=True, default=None
+    )
+    instance_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "model", "team", "strategy", "target_version", "target_version_id",
+            "previous_version", "replicas", "instance_type", "stages", "bake_seconds",
+            "desired_state", "promote_requested", "observed_state", "current_stage",
+            "status_message", "created_at", "updated_at",
+        ]  # fmt: skip
+
+
+class EventOut(serializers.ModelSerializer):
+    class Meta:
+        model = DeploymentEvent
+        fields = [
+            "id", "deployment", "created_at", "kind", "actor_label", "message",
+            "from_state", "to_state", "data",
+        ]  # fmt: skip
+
+
+class InstanceOut(serializers.ModelSerializer):
+    version = serializers.IntegerField(source="version.number", read_only=True)
+
+    class Meta:
+        model = Instance
+        fields = [
+            "id", "deployment", "version", "launcher", "name", "endpoints", "state",
+            "health_message", "last_health_at", "created_at", "updated_at",
+        ]  # fmt: skip
+
+
+# --- Input ---------------------------------------------------------------------------------
+
+
+class ModelCreateIn(StrictInput):
+    team = serializers.SlugField(
+        max_length=63, required=False, help_text="Defaults to your only team."
+    )
+    slug = serializers.SlugField(max_length=63)
+    task = serializers.ChoiceField(choices=TaskKind.choices)
+    description = serializers.CharField(
+        max_length=5000, required=False, allow_blank=True, default=""
+    )
+
+
+class ModelUpdateIn(StrictInput):
+    description = serializers.CharField(max_length=5000, allow_blank=True)
+
+
+class VersionCreateIn(NoOverridesInput):
+    model = serializers.IntegerField(min_value=1)
+    artifact_uri = serializers.CharField(max_length=1024)
+    backend = serializers.ChoiceField(choices=Backend.choices, default=Backend.VLLM)
+    engine_args = serializers.JSONField(required=False, default=dict)
+    io_spec = serializers.JSONField(required=False, default=dict)
+    api_surface = serializers.ChoiceField(
+        choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
+    )
+    constraint_plugins = serializers.ListField(
+        child=serializers.CharField(max_length=100), required=False, default=list, max_length=20
+    )
+
+
+class VersionUpdateIn(NoOverridesInput):
+    artifact_uri = serializers.CharField(max_length=1024, required=False)
+    engine_args = serializers.JSONField(required=False)
+    io_spec = serializers.JSONField(required=False)
+    api_surface = serializers.ChoiceField(choices=ApiSurface.choices, required=False)
+    constraint_plugins = serializers.ListField(
+        child=serializers.CharField(max_length=100), required=False, max_length=20
+    )
+
+
+class DeploymentCreateIn(StrictInput):
+    model = serializers.IntegerField(min_value=1)
+    strategy = serializers.ChoiceField(choices=Strategy.choices)
+    version = serializers.IntegerField(min_value=1, help_text="Id of the version to serve.")
+    replicas = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    instance_type = serializers.SlugField(max_length=63)
+    stages = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=10
+    )
+    bake_seconds = serializers.IntegerField(min_value=0, max_value=24 * 3600, default=60)
+
+
+class DeploymentUpdateIn(StrictInput):
+    version = serializers.IntegerField(min_value=1, required=False)
+    replicas = serializers.IntegerField(min_value=1, max_value=64, required=False)
+
+
+class ActionIn(StrictInput):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")

@@ -1,0 +1,16 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from portal.api import views
+
+router = DefaultRouter()
+router.register("teams", views.TeamViewSet, basename="team")
+router.register("releases", views.ReleaseViewSet, basename="release")
+router.register("instance-types", views.InstanceTypeViewSet, basename="instance-type")
+router.register("models", views.ModelViewSet, basename="model")
+router.register("versions", views.VersionViewSet, basename="version")
+router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("events", views.EventViewSet, basename="event")
+router.register("instances", views.InstanceViewSet, basename="instance")
+
+urlpatterns = [path("", include(router.urls))]

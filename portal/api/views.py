@@ -1,0 +1,266 @@
+"""The REST API under ``/api/v1/``: thin views over the services, scoped to the caller's teams.
+
+Objects of teams the caller cannot read do not exist for it (404); a viewer's writes are 403.
+A body field that names another team's object reads as unknown (400), like a missing one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+
+from portal.accounts.access import Access, access_for, default_team
+from portal.accounts.models import Team
+from portal.api import filters
+from portal.api import serializers as s
+from portal.api.idempotency import idempotent
+from portal.core.actors import Actor
+from portal.core.transitions import Action, request_action
+from portal.deployments import services as deployment_services
+from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.registry import services as registry_services
+from portal.registry.models import Model, ModelVersion, PlatformRelease
+
+
+class ScopedViewSet(viewsets.GenericViewSet):
+    """Base for team-owned resources. ``team_field`` is the lookup path to the owning team."""
+
+    team_field = "team"
+
+    @property
+    def access(self) -> Access:
+        if not hasattr(self, "_access"):
+            self._access = access_for(self.request.user, self.request.auth)
+        return self._access
+
+    @property
+    def actor(self) -> Actor:
+        return Actor.for_request(self.request.user, self.request.auth)
+
+    def get_queryset(self):
+        return self.access.filter_teams(super().get_queryset(), self.team_field)
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "access": self.access}
+
+    def require_write(self, team_id: int) -> None:
+        if not self.access.can_write(team_id):
+            raise PermissionDenied("Your role in this team is viewer: you can read but not change.")
+
+    def readable(self, queryset, pk: int, field: str, team_field: str):
+        """The object with ``pk`` that the caller can read, else a 400 on ``field``."""
+        obj = self.access.filter_teams(queryset, team_field).filter(pk=pk).first()
+        if obj is None:
+            raise ValidationError({field: [f"No {field} with id {pk}."]})
+        return obj
+
+    def valid_input(self, serializer_class, **kwargs) -> dict[str, Any]:
+        serializer = serializer_class(data=self.request.data, **kwargs)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    def answer(self, serializer_class, obj, status_code: int = status.HTTP_200_OK) -> Response:
+        return Response(
+            serializer_class(obj, context=self.get_serializer_context()).data, status=status_code
+        )
+
+
+class TeamViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Team.objects.all()
+    serializer_class = s.TeamOut
+    team_field = "pk"
+    lookup_field = "slug"
+
+
+class ReleaseViewSet(viewsets.ReadOnlyModelViewSet):
+    """Platform releases: which Triton image and vLLM version new versions are packaged with."""
+
+    queryset = PlatformRelease.objects.all()
+    serializer_class = s.ReleaseOut
+    filterset_fields = ["is_default"]
+
+
+class InstanceTypeViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = InstanceType.objects.filter(is_active=True)
+    serializer_class = s.InstanceTypeOut
+    lookup_field = "name"
+
+
+class ModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Model.objects.select_related("team")
+    serializer_class = s.ModelOut
+    filterset_class = filters.ModelFilter
+    ordering_fields = ["slug", "created_at"]
+
+    @extend_schema(request=s.ModelCreateIn, responses={201: s.ModelOut})
+    @idempotent
+    def create(self, request):
+        data = self.valid_input(s.ModelCreateIn)
+        team = self._team_for_create(data.get("team"))
+        self.require_write(team.pk)
+        model = registry_services.create_model(
+            team=team,
+            slug=data["slug"],
+            task=data["task"],
+            description=data["description"],
+            created_by=self.actor.user,
+        )
+        return self.answer(s.ModelOut, model, status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ModelUpdateIn, responses=s.ModelOut)
+    def partial_update(self, request, pk=None):
+        model = self.get_object()
+        self.require_write(model.team_id)
+        data = self.valid_input(s.ModelUpdateIn, partial=True)
+        registry_services.update_model(model, description=data.get("description"))
+        return self.answer(s.ModelOut, model)
+
+    def _team_for_create(self, slug: str | None) -> Team:
+        if slug is None:
+            team = default_team(self.access)
+            if team is None:
+                raise ValidationError(
+                    {"team": ["Required: you can write to more than one team, or none."]}
+                )
+            return team
+        team = self.access.filter_teams(Team.objects.all(), "pk").filter(slug=slug).first()
+        if team is None:
+            raise ValidationError({"team": [f"No team {slug!r}."]})
+        return team
+
+
+class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = ModelVersion.objects.select_related("model__team", "release")
+    serializer_class = s.VersionOut
+    filterset_class = filters.VersionFilter
+    team_field = "model__team"
+    ordering_fields = ["number", "created_at"]
+
+    @extend_schema(request=s.VersionCreateIn, responses={201: s.VersionOut})
+    @idempotent
+    def create(self, request):
+        data = self.valid_input(s.VersionCreateIn)
+        model = self.readable(Model.objects.all(), data.pop("model"), "model", "team")
+        self.require_write(model.team_id)
+        version = registry_services.register_version(
+            model=model, created_by=self.actor.user, **data
+        )
+        return self.answer(s.VersionOut, version, status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.VersionUpdateIn, responses=s.VersionOut)
+    def partial_update(self, request, pk=None):
+        version = self.get_object()
+        self.require_write(version.model.team_id)
+        data = self.valid_input(s.VersionUpdateIn, partial=True)
+        version = registry_services.update_version(version, **data)
+        return self.answer(s.VersionOut, version)
+
+
+class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Deployment.objects.select_related(
+        "model__team", "target_version", "previous_version", "instance_type"
+    )
+    serializer_class = s.DeploymentOut
+    filterset_class = filters.DeploymentFilter
+    team_field = "model__team"
+    ordering_fields = ["created_at", "updated_at"]
+
+    @extend_schema(request=s.DeploymentCreateIn, responses={201: s.DeploymentOut})
+    @idempotent
+    def create(self, request):
+        data = self.valid_input(s.DeploymentCreateIn)
+        model = self.readable(Model.objects.all(), data["model"], "model", "team")
+        self.require_write(model.team_id)
+        version = self.readable(
+            ModelVersion.objects.all(), data["version"], "version", "model__team"
+        )
+        instance_type = InstanceType.objects.filter(name=data["instance_type"]).first()
+        if instance_type is None:
+            raise ValidationError(
+                {"instance_type": [f"No instance type {data['instance_type']!r}."]}
+            )
+        deployment = deployment_services.create_deployment(
+            model=model,
+            strategy=data["strategy"],
+            version=version,
+            instance_type=instance_type,
+            actor=self.actor,
+            replicas=data["replicas"],
+            stages=data.get("stages"),
+            bake_seconds=data["bake_seconds"],
+        )
+        return self.answer(s.DeploymentOut, deployment, status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.DeploymentUpdateIn, responses=s.DeploymentOut)
+    def partial_update(self, request, pk=None):
+        deployment = self.get_object()
+        self.require_write(deployment.model.team_id)
+        data = self.valid_input(s.DeploymentUpdateIn, partial=True)
+        version = None
+        if "version" in data:
+            version = self.readable(
+                ModelVersion.objects.all(), data["version"], "version", "model__team"
+            )
+        deployment = deployment_services.update_deployment(
+            deployment, actor=self.actor, version=version, replicas=data.get("replicas")
+        )
+        return self.answer(s.DeploymentOut, deployment)
+
+    def _act(self, request, pk, what: Action) -> Response:
+        deployment = self.get_object()
+        self.require_write(deployment.model.team_id)
+        data = self.valid_input(s.ActionIn)
+        deployment = request_action(deployment, what, actor=self.actor, reason=data["reason"])
+        return self.answer(s.DeploymentOut, deployment)
+
+    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def pause(self, request, pk=None):
+        return self._act(request, pk, Action.PAUSE)
+
+    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def resume(self, request, pk=None):
+        return self._act(request, pk, Action.RESUME)
+
+    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def abort(self, request, pk=None):
+        return self._act(request, pk, Action.ABORT)
+
+    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def promote(self, request, pk=None):
+        return self._act(request, pk, Action.PROMOTE)
+
+    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def rollback(self, request, pk=None):
+        return self._act(request, pk, Action.ROLLBACK)
+
+
+class EventViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """A deployment's timeline, oldest first: filter by ``deployment`` and ``after_id`` to follow it."""
+
+    queryset = DeploymentEvent.objects.all()
+    serializer_class = s.EventOut
+    filterset_class = filters.EventFilter
+    team_field = "deployment__model__team"
+
+
+class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Instance.objects.select_related("version")
+    serializer_class = s.InstanceOut
+    filterset_class = filters.InstanceFilter
+    team_field = "deployment__model__team"

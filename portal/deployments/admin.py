@@ -1,0 +1,117 @@
+from django.contrib import admin, messages
+
+from portal.core.actors import Actor
+from portal.core.errors import InvalidTransition
+from portal.core.transitions import Action, request_action
+from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+
+
+@admin.register(InstanceType)
+class InstanceTypeAdmin(admin.ModelAdmin):
+    list_display = ["name", "accelerator", "gpus", "cpus", "memory_gib", "is_active"]
+    list_filter = ["is_active", "accelerator"]
+    search_fields = ["name", "description"]
+
+
+class EventInline(admin.TabularInline):
+    """The timeline, read-only: events are an audit trail."""
+
+    model = DeploymentEvent
+    fields = ["created_at", "actor_label", "kind", "from_state", "to_state", "message"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-created_at", "-id"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class InstanceInline(admin.TabularInline):
+    model = Instance
+    fields = ["name", "version", "launcher", "state", "last_health_at", "health_message"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = [
+        "id", "model", "strategy", "target_version", "replicas", "instance_type",
+        "desired_state", "observed_state", "current_stage", "updated_at",
+    ]  # fmt: skip
+    list_filter = ["strategy", "observed_state", "desired_state", "instance_type"]
+    search_fields = ["model__slug", "model__team__slug", "status_message"]
+    readonly_fields = [
+        "model", "strategy", "target_version", "previous_version", "desired_state",
+        "promote_requested", "observed_state", "current_stage", "status_message",
+        "created_by", "created_at", "updated_at",
+    ]  # fmt: skip
+    inlines = [InstanceInline, EventInline]
+    actions = ["request_rollback", "request_abort"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def _request(self, request, queryset, what: Action) -> None:
+        actor = Actor.operator(request.user)
+        for deployment in queryset:
+            try:
+                request_action(
+                    deployment, what, actor=actor, reason="requested by an operator in the admin"
+                )
+            except InvalidTransition as exc:
+                self.message_user(request, f"Deployment {deployment.pk}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"Deployment {deployment.pk}: {what} requested.")
+
+    @admin.action(description="Request a rollback to the previous version")
+    def request_rollback(self, request, queryset):
+        self._request(request, queryset, Action.ROLLBACK)
+
+    @admin.action(description="Abort the rollout in progress")
+    def request_abort(self, request, queryset):
+        self._request(request, queryset, Action.ABORT)
+
+
+@admin.register(DeploymentEvent)
+class DeploymentEventAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "deployment",
+        "actor_label",
+        "kind",
+        "from_state",
+        "to_state",
+        "message",
+    ]
+    list_filter = ["kind"]
+    search_fields = ["message", "actor_label"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    list_display = ["name", "deployment", "version", "launcher", "state", "last_health_at"]
+    list_filter = ["state", "launcher"]
+    search_fields = ["name", "deployment__model__slug"]
+    readonly_fields = [f.name for f in Instance._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,0 +1,225 @@
+"""Deployments put a model version in front of callers; instances are what actually serve.
+
+A deployment stores *desired* state (version, replicas, strategy, desired_state) written by
+people, and *observed* state (observed_state, current_stage) written by the rollout controller.
+Every change to either is recorded as a :class:`DeploymentEvent`.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from portal.registry.models import Model, ModelVersion
+
+
+class InstanceType(models.Model):
+    """An operator-defined machine shape an instance runs on (maps to Kubernetes scheduling)."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    accelerator = models.CharField(
+        max_length=64, blank=True, help_text="e.g. nvidia-h100; blank for CPU."
+    )
+    gpus = models.PositiveSmallIntegerField(default=0)
+    cpus = models.PositiveSmallIntegerField(default=1)
+    memory_gib = models.PositiveIntegerField(default=4)
+    node_selector = models.JSONField(default=dict, blank=True)
+    tolerations = models.JSONField(default=list, blank=True)
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Strategy(models.TextChoices):
+    RED_BLACK = "red_black", "Red-Black (one endpoint, staged traffic shift)"
+    VERSIONED = "versioned", "Versioned (one endpoint per version)"
+
+
+class DesiredState(models.TextChoices):
+    """What people asked for; the controller works towards it."""
+
+    ACTIVE = "active", "Active"
+    PAUSED = "paused", "Paused"
+    ABORTED = "aborted", "Abort the rollout"
+    ROLLBACK = "rollback", "Roll back to the previous version"
+
+
+class ObservedState(models.TextChoices):
+    """Where the rollout actually is, as the controller last saw it.
+
+    A rollback is not a resting state: once done, the deployment is ``serving`` its previous
+    version again. ``aborted`` and ``failed`` are final only when nothing was serving before.
+    """
+
+    PENDING = "pending", "Pending"
+    PROGRESSING = "progressing", "Progressing"
+    PAUSED = "paused", "Paused"
+    SERVING = "serving", "Serving"
+    ROLLING_BACK = "rolling_back", "Rolling back"
+    ABORTED = "aborted", "Aborted"
+    FAILED = "failed", "Failed"
+    RETIRED = "retired", "Retired"
+
+
+#: Observed states in which a deployment still owns instances and an endpoint.
+LIVE_STATES = (
+    ObservedState.PENDING,
+    ObservedState.PROGRESSING,
+    ObservedState.PAUSED,
+    ObservedState.SERVING,
+    ObservedState.ROLLING_BACK,
+)
+
+
+def default_stages() -> list[int]:
+    return [10, 50, 100]
+
+
+class Deployment(models.Model):
+    """A model served with one strategy.
+
+    Red-Black: one live deployment per model; changing its target version starts a new staged
+    rollout beside the serving version, which ``previous_version`` remembers for rollback.
+    Versioned: one live deployment per (model, version), each with its own endpoint.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    strategy = models.CharField(max_length=16, choices=Strategy.choices)
+    target_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    previous_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    replicas = models.PositiveSmallIntegerField(default=1)
+    instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
+    #: Percent of traffic on the new version after each stage; the last is always 100.
+    stages = models.JSONField(default=default_stages)
+    bake_seconds = models.PositiveIntegerField(default=60)
+    desired_state = models.CharField(
+        max_length=16, choices=DesiredState.choices, default=DesiredState.ACTIVE
+    )
+    promote_requested = models.BooleanField(default=False)
+    observed_state = models.CharField(
+        max_length=16, choices=ObservedState.choices, default=ObservedState.PENDING
+    )
+    current_stage = models.PositiveSmallIntegerField(default=0)
+    status_message = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model"],
+                condition=models.Q(strategy="red_black", observed_state__in=LIVE_STATES),
+                name="deployment_one_live_red_black_per_model",
+            ),
+            models.UniqueConstraint(
+                fields=["model", "target_version"],
+                condition=models.Q(strategy="versioned", observed_state__in=LIVE_STATES),
+                name="deployment_one_live_versioned_per_version",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(replicas__gte=1), name="deployment_replicas_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.get_strategy_display().split(' ')[0]} v{self.target_version.number}"
+
+    @property
+    def team_id(self) -> int:
+        return self.model.team_id
+
+
+class Launcher(models.TextChoices):
+    LOCAL = "local", "Local process"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class InstanceState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+    DRAINING = "draining", "Draining"
+    STOPPED = "stopped", "Stopped"
+    FAILED = "failed", "Failed"
+
+
+class Instance(models.Model):
+    """One running copy of a model version, started by a launcher for a deployment."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="instances")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="instances")
+    launcher = models.CharField(max_length=16, choices=Launcher.choices, default=Launcher.LOCAL)
+    name = models.CharField(max_length=128, help_text="Launcher's handle: process id, pod name.")
+    endpoints = models.JSONField(default=dict, blank=True)
+    state = models.CharField(
+        max_length=16, choices=InstanceState.choices, default=InstanceState.PENDING
+    )
+    health_message = models.TextField(blank=True)
+    last_health_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deployment_id", "created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["launcher", "name"], name="instance_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+
+class EventKind(models.TextChoices):
+    CREATED = "created", "Created"
+    UPDATED = "updated", "Updated"
+    ACTION = "action", "Action requested"
+    STATE = "state", "State changed"
+    INSTANCE = "instance", "Instance changed"
+
+
+class DeploymentEvent(models.Model):
+    """An append-only line of a deployment's timeline: who or what did what, when and why.
+
+    Rows are never updated or deleted; this is the audit trail.
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    #: Who acted, kept even if the user is deleted: ``user:alice``, ``token:ci (ab12cd34)``,
+    #: ``controller``, ``operator:bob``.
+    actor_label = models.CharField(max_length=200)
+    message = models.TextField()
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label}: {self.message}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            raise ValidationError("Deployment events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("Deployment events are append-only.")

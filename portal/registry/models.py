@@ -1,0 +1,128 @@
+"""Models, their versions, and the pinned platform releases versions are packaged against."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from portal.accounts.models import Team
+
+
+class PlatformRelease(models.Model):
+    """A pinned, known-good pair of Triton serving image and vLLM version, owned by operators.
+
+    Triton's vLLM backend is compiled against one vLLM API surface; a mismatched pair does not
+    load at all. So the pair is chosen here, once, and model authors can never override it.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    triton_image = models.CharField(max_length=255, help_text="Full image reference with tag.")
+    vllm_version = models.CharField(max_length=32)
+    allowed_engine_args = models.JSONField(
+        default=list, help_text="vLLM engine-argument names authors may set in model.json."
+    )
+    is_default = models.BooleanField(default=False)
+    notes = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="platformrelease_single_default",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (Triton {self.triton_image}, vLLM {self.vllm_version})"
+
+
+class TaskKind(models.TextChoices):
+    CHAT = "chat", "Chat"
+    COMPLETION = "completion", "Completion"
+    EMBEDDING = "embedding", "Embedding"
+    RANKING = "ranking", "Ranking"
+
+
+class Model(models.Model):
+    """A named model owned by a team; what callers address. Its versions hold the artifacts."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="models")
+    slug = models.SlugField(max_length=63)
+    task = models.CharField(max_length=16, choices=TaskKind.choices)
+    description = models.TextField(blank=True, max_length=5000)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    #: The number the next version gets. Never decreases, so numbers are never reused.
+    next_version_number = models.PositiveIntegerField(default=1, editable=False)
+
+    class Meta:
+        ordering = ["team__slug", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "slug"], name="model_unique_slug_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.slug}"
+
+
+class Backend(models.TextChoices):
+    VLLM = "vllm", "vLLM (default)"
+    PYTHON = "python", "Python (custom model.py)"
+
+
+class ApiSurface(models.TextChoices):
+    OPENAI_GRPC = "openai+grpc", "OpenAI HTTP + KServe v2 gRPC (embedded Triton)"
+    GRPC = "grpc", "KServe v2 gRPC only (standalone Triton)"
+
+
+class VersionState(models.TextChoices):
+    REGISTERED = "registered", "Registered"
+    MATERIALIZING = "materializing", "Materializing weights"
+    MATERIALIZED = "materialized", "Weights materialized"
+    PACKAGING = "packaging", "Packaging"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+
+
+class ModelVersion(models.Model):
+    """One immutable-once-ready revision of a model: where its weights come from, how it is
+    served (backend, engine arguments or I/O spec, API surface) and which release packages it."""
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    artifact_uri = models.CharField(max_length=1024)
+    backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.VLLM)
+    engine_args = models.JSONField(default=dict, blank=True)
+    io_spec = models.JSONField(default=dict, blank=True)
+    api_surface = models.CharField(
+        max_length=16, choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
+    )
+    constraint_plugins = models.JSONField(default=list, blank=True)
+    release = models.ForeignKey(PlatformRelease, on_delete=models.PROTECT, related_name="versions")
+    state = models.CharField(
+        max_length=16, choices=VersionState.choices, default=VersionState.REGISTERED
+    )
+    failure_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model_id", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "number"], name="version_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} v{self.number}"
+
+    @property
+    def team_id(self) -> int:
+        return self.model.team_id

@@ -1,0 +1,215 @@
+"""Shared fixtures: teams with a member, a viewer and an outsider; tokens; API clients; and a real
+Celery worker process against the test database and a dedicated Redis database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from portal.accounts.models import Membership, Role, Team
+from portal.accounts.tokens import issue_token
+from portal.deployments.models import InstanceType
+from portal.registry.models import PlatformRelease
+from portal.registry.validation import ENGINE_ARG_TYPES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _artifact_root(settings, tmp_path):
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    settings.ARTIFACT_FILE_ROOTS = [root.resolve()]
+    return root
+
+
+@pytest.fixture
+def artifact_root(_artifact_root):
+    return _artifact_root
+
+
+@pytest.fixture
+def release(db):
+    release, _ = PlatformRelease.objects.get_or_create(
+        name="triton-26.07",
+        defaults={
+            "triton_image": "nvcr.io/nvidia/tritonserver:26.07-vllm-python-py3",
+            "vllm_version": "0.24.0",
+            "allowed_engine_args": sorted(ENGINE_ARG_TYPES),
+            "is_default": True,
+        },
+    )
+    return release
+
+
+@pytest.fixture
+def cpu_instance_type(db):
+    instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
+    return instance_type
+
+
+def _user(username: str, team: Team | None, role: str):
+    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
+    if team is not None:
+        Membership.objects.create(team=team, user=user, role=role)
+    return user
+
+
+@pytest.fixture
+def team(db):
+    return Team.objects.create(slug="search", name="Search")
+
+
+@pytest.fixture
+def other_team(db):
+    return Team.objects.create(slug="ads", name="Ads")
+
+
+@pytest.fixture
+def member(team):
+    return _user("mia", team, Role.MEMBER)
+
+
+@pytest.fixture
+def viewer(team):
+    return _user("vic", team, Role.VIEWER)
+
+
+@pytest.fixture
+def outsider(other_team):
+    return _user("otto", other_team, Role.MEMBER)
+
+
+@pytest.fixture
+def member_token(team, member):
+    return issue_token(team=team, name="ci", role=Role.MEMBER, created_by=member).plaintext
+
+
+@pytest.fixture
+def viewer_token(team, member):
+    return issue_token(team=team, name="dashboards", role=Role.VIEWER, created_by=member).plaintext
+
+
+@pytest.fixture
+def revoked_token(team, member):
+    issued = issue_token(team=team, name="old", created_by=member)
+    issued.token.revoked_at = timezone.now()
+    issued.token.save()
+    return issued.plaintext
+
+
+@pytest.fixture
+def expired_token(team, member):
+    return issue_token(
+        team=team, name="stale", created_by=member, expires_at=timezone.now() - timedelta(minutes=1)
+    ).plaintext
+
+
+def bearer(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def session(user) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def api():
+    """``api(token_or_user)``: an API client acting as a token (str) or a signed-in user."""
+
+    def make(who=None) -> APIClient:
+        if who is None:
+            return APIClient()
+        return bearer(who) if isinstance(who, str) else session(who)
+
+    return make
+
+
+# --- Real services --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_client():
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.ping()
+    return client
+
+
+@pytest.fixture
+def clean_redis(redis_client):
+    redis_client.flushdb()
+    yield redis_client
+    redis_client.flushdb()
+
+
+def _test_database_url() -> str:
+    db = settings.DATABASES["default"]
+    if not db["ENGINE"].endswith("postgresql"):
+        pytest.skip("the worker-process tests need PostgreSQL (DATABASE_URL)")
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    user = db.get("USER") or "postgres"
+    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, clean_redis):
+    """A real ``celery worker`` process on the test database and the test Redis database."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": _test_database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_RESULT_BACKEND": settings.CELERY_RESULT_BACKEND,
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+            "--hostname",
+            f"test-{os.getpid()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    from portal.celery import app
+
+    deadline = time.monotonic() + 30
+    while not app.control.ping(timeout=0.5):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the Celery worker did not come up")
+    yield proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
