@@ -194,7 +194,7 @@ def celery_worker_process(transactional_db, clean_redis):
             f"test-{os.getpid()}@%h",
             "--without-mingle",
             "--without-gossip",
-        ],  # fmt: skip
+        ],
         cwd=ROOT,
         env=env,
         start_new_session=True,

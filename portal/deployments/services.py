@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
@@ -28,7 +30,7 @@ def validate_stages(stages: object) -> list[int]:
         isinstance(stages, list)
         and 1 <= len(stages) <= 10
         and all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 100 for s in stages)
-        and all(a < b for a, b in zip(stages, stages[1:], strict=False))
+        and all(a < b for a, b in itertools.pairwise(stages))
         and stages[-1] == 100
     )
     if not valid:

@@ -74,7 +74,7 @@ _HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _HF_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
 TRITON_DATA_TYPES = frozenset(
-    name for name in model_config_pb2.DataType.keys() if name != "TYPE_INVALID"
+    name for name in model_config_pb2.DataType.DESCRIPTOR.values_by_name if name != "TYPE_INVALID"
 )
 MAX_TENSOR_DIMS = 8
 IO_SPEC_TENSOR_KEYS = frozenset({"name", "data_type", "dims", "optional"})
