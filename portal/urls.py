@@ -7,6 +7,7 @@ from portal.core import views as core_views
 urlpatterns = [
     path("", core_views.home, name="home"),
     path("healthz", core_views.healthz, name="healthz"),
+    path("livez", core_views.livez, name="livez"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

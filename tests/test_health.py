@@ -31,6 +31,13 @@ def test_unhealthy_without_worker_or_beat(client, clean_redis):
 
 
 @pytest.mark.django_db
+def test_livez_checks_only_this_web_process(client, clean_redis):
+    response = client.get("/livez")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": "postgresql"}
+
+
+@pytest.mark.django_db
 def test_stale_beat_heartbeat_is_unhealthy(clean_redis):
     clean_redis.set(health.BEAT_HEARTBEAT_KEY, time.time() - 3600)
     check = health.check_beat()

@@ -179,7 +179,7 @@ def action_is_legal(action, strategy, observed, desired, has_previous) -> bool:
         and desired in STILL_WANTED,
         Action.ROLLBACK: red_black
         and has_previous
-        and observed in {D.SERVING, D.PROGRESSING, D.PAUSED}
+        and observed in {D.SERVING, D.PENDING, D.PROGRESSING, D.PAUSED}
         and desired in STILL_WANTED,
     }[action]
 

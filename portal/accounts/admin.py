@@ -68,6 +68,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             expires_at=obj.expires_at,
         )
         obj.pk = issued.token.pk
+        obj.refresh_from_db()  # the stored row (prefix, digest), for the messages that follow
         self.message_user(
             request,
             f"Token created. Copy it now, it will not be shown again: {issued.plaintext}",

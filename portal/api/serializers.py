@@ -45,7 +45,12 @@ class NoOverridesInput(StrictInput):
     """Gives attempts to pin the vLLM version or image their own message, before anything else."""
 
     def to_internal_value(self, data: Any) -> Any:
-        paths = find_version_overrides(data) if isinstance(data, dict) else []
+        # The artifact source is a location, not a setting: a repository named "...-vllm@rev"
+        # is no version pin, and the URI has its own validation.
+        scanned = (
+            {k: v for k, v in data.items() if k != "artifact_uri"} if isinstance(data, dict) else {}
+        )
+        paths = find_version_overrides(scanned)
         if paths:
             field = paths[0].split(".")[0].split("[")[0]
             release = PlatformRelease.objects.filter(is_default=True).first()
@@ -83,7 +88,9 @@ class InstanceTypeOut(serializers.ModelSerializer):
 
 
 class ModelOut(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     latest_version = serializers.SerializerMethodField()
 
     class Meta:
@@ -116,7 +123,9 @@ class DeploymentOut(serializers.ModelSerializer):
     previous_version = serializers.IntegerField(
         source="previous_version.number", read_only=True, allow_null=True, default=None
     )
-    instance_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    instance_type: serializers.SlugRelatedField[InstanceType] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
 
     class Meta:
         model = Deployment

@@ -220,7 +220,7 @@ def action_changes(deployment: Deployment, action: Action) -> dict[str, Any]:
             )
         if deployment.previous_version_id is None:
             raise refuse("there is no previous version to go back to.")
-        if observed not in (D.SERVING, D.PROGRESSING, D.PAUSED):
+        if observed not in (D.SERVING, *_ROLLOUT_IN_FLIGHT):
             raise refuse(f"it is {observed}.")
         if desired not in (DesiredState.ACTIVE, DesiredState.PAUSED):
             raise refuse(f"it is already asked to {desired}.")

@@ -14,5 +14,16 @@ def healthz(request):
     )
 
 
+@never_cache
+def livez(request):
+    """Liveness of this web process alone (and its database), for a load balancer: a dead worker
+    or beat should page someone, not take every web server out of rotation."""
+    check = health.check_database()
+    return JsonResponse(
+        {"status": "ok" if check.ok else "unhealthy", "database": check.detail},
+        status=200 if check.ok else 503,
+    )
+
+
 def home(request):
     return render(request, "home.html")

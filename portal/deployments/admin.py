@@ -17,8 +17,14 @@ class EventInline(admin.TabularInline):
     """The timeline, read-only: events are an audit trail."""
 
     model = DeploymentEvent
-    fields = ["created_at", "actor_label", "kind", "from_state", "to_state", "message"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "created_at",
+        "actor_label",
+        "kind",
+        "from_state",
+        "to_state",
+        "message",
+    )
     extra = 0
     can_delete = False
     ordering = ["-created_at", "-id"]
@@ -32,8 +38,9 @@ class EventInline(admin.TabularInline):
 
 class InstanceInline(admin.TabularInline):
     model = Instance
-    fields = ["name", "version", "launcher", "state", "last_health_at", "health_message"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "name", "version", "launcher", "state", "last_health_at", "health_message",
+    )  # fmt: skip
     extra = 0
     can_delete = False
 
@@ -58,6 +65,11 @@ class DeploymentAdmin(admin.ModelAdmin):
     actions = ["request_rollback", "request_abort"]
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        # Desired state changes only through the services, which validate it and record an
+        # event; a plain admin form would bypass both. Operators act through the actions.
         return False
 
     def _request(self, request, queryset, what: Action) -> None:

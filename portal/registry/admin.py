@@ -49,8 +49,14 @@ class PlatformReleaseAdmin(admin.ModelAdmin):
 
 class VersionInline(admin.TabularInline):
     model = ModelVersion
-    fields = ["number", "backend", "api_surface", "state", "release", "created_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "number",
+        "backend",
+        "api_surface",
+        "state",
+        "release",
+        "created_at",
+    )
     extra = 0
     can_delete = False
     show_change_link = True
