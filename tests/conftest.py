@@ -28,6 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Test users need no slow password hashing; it would dominate the API tests' run time."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _artifact_root(settings, tmp_path):
     root = tmp_path / "artifacts"
     root.mkdir()

@@ -27,9 +27,10 @@ from portal.deployments.models import (
     Instance,
     ObservedState,
 )
-from portal.deployments.services import create_deployment, update_deployment
+from portal.deployments.services import update_deployment
 from portal.registry.models import PlatformRelease
 from portal.registry.services import create_model, register_version
+from tests.factories import make_deployment
 
 pytestmark = pytest.mark.django_db
 
@@ -61,20 +62,10 @@ def versions(model, release, artifact_root):
     ]
 
 
-def deploy(model, version, instance_type, strategy: str = "red_black") -> Deployment:
-    return create_deployment(
-        model=model,
-        strategy=strategy,
-        version=version,
-        instance_type=instance_type,
-        actor=Actor(label="user:test"),
-    )
-
-
 @pytest.fixture
 def rolling_out(model, versions, cpu_instance_type) -> Deployment:
     """A Red-Black deployment moving from v1 (serving) to v2: it has a version to go back to."""
-    deployment = deploy(model, versions[0], cpu_instance_type)
+    deployment = make_deployment(model, versions[0], cpu_instance_type)
     transition_deployment(deployment, ObservedState.PROGRESSING, reason="starting")
     transition_deployment(deployment, ObservedState.SERVING, reason="all stages done")
     update_deployment(deployment, actor=Actor(label="user:test"), version=versions[1])
@@ -111,7 +102,7 @@ def run_action(client, model_class, action: str, objects) -> list[tuple[str, str
 def test_every_registered_model_has_working_changelist_and_change_pages(
     client, superuser, team, member, model, versions, cpu_instance_type
 ):
-    deployment = deploy(model, versions[0], cpu_instance_type)
+    deployment = make_deployment(model, versions[0], cpu_instance_type)
     instance = Instance.objects.create(
         deployment=deployment, version=versions[0], name="local-1234"
     )
@@ -260,7 +251,7 @@ def test_request_rollback_records_an_operator_event(client, superuser, rolling_o
 def test_request_rollback_without_a_previous_version_is_an_error(
     client, model, versions, cpu_instance_type
 ):
-    deployment = deploy(model, versions[0], cpu_instance_type)
+    deployment = make_deployment(model, versions[0], cpu_instance_type)
     transition_deployment(deployment, ObservedState.PROGRESSING, reason="starting")
     events = deployment.events.count()
 
@@ -276,8 +267,8 @@ def test_request_rollback_without_a_previous_version_is_an_error(
 
 
 def test_request_abort(client, model, versions, cpu_instance_type):
-    pending = deploy(model, versions[0], cpu_instance_type)
-    serving = deploy(model, versions[1], cpu_instance_type, strategy="versioned")
+    pending = make_deployment(model, versions[0], cpu_instance_type)
+    serving = make_deployment(model, versions[1], cpu_instance_type, strategy="versioned")
     transition_deployment(serving, ObservedState.PROGRESSING, reason="starting")
     transition_deployment(serving, ObservedState.SERVING, reason="done")
 

@@ -7,48 +7,20 @@ revoked, expired and malformed credentials get 401 with a Bearer challenge; oper
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
 
 from portal.accounts.models import Membership, Role
-from portal.core.models import IdempotencyRecord
-from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.deployments.models import Deployment, Instance, InstanceType
 from portal.registry.models import Model, ModelVersion
+from tests.api_helpers import api_error, nothing_created, row_counts
 from tests.factories import make_deployment, make_model, make_version
 
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def row_counts() -> dict[str, int]:
-    tables = (Model, ModelVersion, Deployment, DeploymentEvent, IdempotencyRecord)
-    return {table.__name__: table.objects.count() for table in tables}
-
-
-@contextmanager
-def nothing_created():
-    before = row_counts()
-    yield
-    assert row_counts() == before
-
-
-def api_error(response, status: int, code: str) -> dict:
-    """The ``error`` object of a failed call, after checking its status, shape and code."""
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    return body["error"]
 
 
 def _build(team, slug, instance_type, artifact_root) -> SimpleNamespace:

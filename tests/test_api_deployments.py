@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
 from portal.accounts.models import ApiToken
-from portal.core.models import IdempotencyRecord
 from portal.core.transitions import transition_deployment, transition_version
 from portal.deployments.models import (
     Deployment,
@@ -16,43 +13,13 @@ from portal.deployments.models import (
     InstanceType,
     ObservedState,
 )
-from portal.registry.models import Model, ModelVersion, VersionState
+from portal.registry.models import VersionState
+from tests.api_helpers import api_error, nothing_created, ok
 from tests.factories import make_deployment, make_model, make_version
 
 pytestmark = pytest.mark.django_db
 
 DEPLOYMENTS = "/api/v1/deployments/"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def row_counts() -> dict[str, int]:
-    tables = (Model, ModelVersion, Deployment, DeploymentEvent, IdempotencyRecord)
-    return {table.__name__: table.objects.count() for table in tables}
-
-
-@contextmanager
-def nothing_created():
-    before = row_counts()
-    yield
-    assert row_counts() == before
-
-
-def api_error(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    return body["error"]
-
-
-def ok(response, status: int = 200) -> dict:
-    assert response.status_code == status, response.content
-    return response.json()
 
 
 def serve(deployment) -> None:

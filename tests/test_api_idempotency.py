@@ -7,24 +7,13 @@ import pytest
 from portal.accounts.models import Role
 from portal.accounts.tokens import issue_token
 from portal.core.models import IdempotencyRecord
-from portal.deployments.models import Deployment, DeploymentEvent
-from portal.registry.models import Model, ModelVersion
+from tests.api_helpers import row_counts
 from tests.factories import make_deployment, make_model, make_version
 
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1"
 KEY = "ci-run-1234"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def row_counts() -> dict[str, int]:
-    tables = (Model, ModelVersion, Deployment, DeploymentEvent, IdempotencyRecord)
-    return {table.__name__: table.objects.count() for table in tables}
 
 
 def post(client, path: str, body, key: str | None = KEY):

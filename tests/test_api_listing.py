@@ -17,11 +17,6 @@ pytestmark = pytest.mark.django_db
 API = "/api/v1"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def client(api, member_token):
     return api(member_token)

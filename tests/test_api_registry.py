@@ -5,46 +5,17 @@ Each refused call is checked for its error body and for leaving no row behind.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
-from portal.core.models import IdempotencyRecord
 from portal.core.transitions import transition_version
-from portal.deployments.models import Deployment, DeploymentEvent
 from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionState
+from tests.api_helpers import api_error, nothing_created
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db
 
 MODELS = "/api/v1/models/"
 VERSIONS = "/api/v1/versions/"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def row_counts() -> dict[str, int]:
-    tables = (Model, ModelVersion, Deployment, DeploymentEvent, IdempotencyRecord)
-    return {table.__name__: table.objects.count() for table in tables}
-
-
-@contextmanager
-def nothing_created():
-    before = row_counts()
-    yield
-    assert row_counts() == before
-
-
-def api_error(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    return body["error"]
 
 
 def refused(client, method: str, url: str, body, field: str, *needles: str) -> list[str]:

@@ -38,11 +38,6 @@ EXPECTED_PATHS = {
 HTTP_METHODS = {"get", "put", "post", "patch", "delete", "head", "options", "trace"}
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def schema(api, member) -> dict:
     response = api(member).get("/api/schema/?format=json")
