@@ -404,3 +404,30 @@ def test_repository_named_like_vllm_is_not_taken_for_a_version_pin(client, model
     response = client.post(VERSIONS, body, format="json")
     assert response.status_code == 201, response.content
     assert response.json()["artifact_uri"] == "hf://RedHatAI/Llama-3-8B-vllm@main"
+
+
+def test_python_backend_model_py_upload(client, model, release):
+    body = {
+        "model": model.pk,
+        "artifact_uri": "s3://models-bucket/scorer",
+        "backend": "python",
+        "api_surface": "grpc",
+        "io_spec": {
+            "inputs": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "outputs": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}],
+        },
+        # Code may mention pip freely: it is checked as code, not scanned for version pins.
+        "python_model": "# pip install nothing\nclass TritonPythonModel:\n    def execute(self, r):\n        return r\n",
+    }
+    response = client.post(VERSIONS, body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["python_model"] == body["python_model"]
+
+    with nothing_created():
+        bad = client.post(
+            VERSIONS,
+            {**body, "python_model": "class TritonPythonModel:\n    pass\n"},
+            format="json",
+        )
+    error = api_error(bad, 400, "invalid")
+    assert "must define execute" in error["fields"]["python_model"][0]

@@ -295,3 +295,35 @@ def test_every_field_error_is_reported_at_once(release, artifact_root):
     assert set(errors) == {"artifact_uri", "engine_args", "constraint_plugins"}
     assert "Unknown plugin 'mystery'" in errors["constraint_plugins"][0]
     assert "listed once" in errors["constraint_plugins"][-1]
+
+
+# --- Python backend model.py and known engine traps -----------------------------------------
+
+
+def test_model_py_is_checked_statically():
+    from portal.registry.validation import validate_python_model
+
+    validate_python_model(
+        "import os\nos.system('never run in the portal')\n"
+        "class TritonPythonModel:\n    async def execute(self, requests):\n        return []\n"
+    )
+    assert (
+        "does not parse: line 2"
+        in errors_of(validate_python_model, "x = 1\ny = (\n")["python_model"][0]
+    )
+    assert "empty" in errors_of(validate_python_model, "  \n")["python_model"][0]
+
+
+def test_model_py_only_for_the_python_backend(release, artifact_root):
+    errors = errors_of(
+        validate_version_spec, **spec(release, artifact_root), python_model="class X: pass\n"
+    )
+    assert errors["python_model"] == ["model.py applies to the Python backend only."]
+
+
+def test_disable_log_requests_trap_is_explained(release):
+    errors = errors_of(validate_engine_args, {"disable_log_requests": True}, release)
+    assert errors["engine_args"] == [
+        "disable_log_requests: removed from vLLM (deprecated in 0.10.2, gone in 0.12) and makes "
+        "the engine fail to start; use enable_log_requests instead."
+    ]

@@ -45,10 +45,11 @@ class NoOverridesInput(StrictInput):
     """Gives attempts to pin the vLLM version or image their own message, before anything else."""
 
     def to_internal_value(self, data: Any) -> Any:
-        # The artifact source is a location, not a setting: a repository named "...-vllm@rev"
-        # is no version pin, and the URI has its own validation.
+        # The artifact source is a location and model.py is code, not settings: a repository
+        # named "...-vllm@rev" is no version pin. Both have their own validation.
+        unscanned = {"artifact_uri", "python_model"}
         scanned = (
-            {k: v for k, v in data.items() if k != "artifact_uri"} if isinstance(data, dict) else {}
+            {k: v for k, v in data.items() if k not in unscanned} if isinstance(data, dict) else {}
         )
         paths = find_version_overrides(scanned)
         if paths:
@@ -111,8 +112,9 @@ class VersionOut(serializers.ModelSerializer):
         model = ModelVersion
         fields = [
             "id", "model", "model_slug", "team", "number", "artifact_uri", "backend",
-            "engine_args", "io_spec", "api_surface", "constraint_plugins", "release",
-            "state", "failure_reason", "state_changed_at", "created_at",
+            "engine_args", "io_spec", "api_surface", "constraint_plugins", "python_model",
+            "release", "state", "failure_reason", "package_digest", "package_manifest",
+            "state_changed_at", "created_at",
         ]  # fmt: skip
 
 
@@ -187,6 +189,10 @@ class VersionCreateIn(NoOverridesInput):
     constraint_plugins = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, default=list, max_length=20
     )
+    python_model = serializers.CharField(
+        required=False, default="", allow_blank=True, trim_whitespace=False,
+        help_text="The Python backend's model.py source; omit to take it from the artifact.",
+    )  # fmt: skip
 
 
 class VersionUpdateIn(NoOverridesInput):
@@ -197,6 +203,7 @@ class VersionUpdateIn(NoOverridesInput):
     constraint_plugins = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, max_length=20
     )
+    python_model = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
 
 
 class DeploymentCreateIn(StrictInput):

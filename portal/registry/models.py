@@ -103,6 +103,11 @@ class ModelVersion(models.Model):
         max_length=16, choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
     )
     constraint_plugins = models.JSONField(default=list, blank=True)
+    #: The author's Triton ``model.py`` (Python backend); blank means "take it from the artifact".
+    python_model = models.TextField(blank=True)
+    #: Filled by packaging: the sha256 of the package archive and its manifest.
+    package_digest = models.CharField(max_length=64, blank=True)
+    package_manifest = models.JSONField(default=dict, blank=True)
     release = models.ForeignKey(PlatformRelease, on_delete=models.PROTECT, related_name="versions")
     state = models.CharField(
         max_length=16, choices=VersionState.choices, default=VersionState.REGISTERED

@@ -77,6 +77,7 @@ def register_version(
     io_spec: dict[str, Any] | None = None,
     api_surface: str = ApiSurface.OPENAI_GRPC,
     constraint_plugins: list[str] | None = None,
+    python_model: str = "",
     created_by=None,
 ) -> ModelVersion:
     """Validate and store a new version with the next number, packaged against the default
@@ -93,6 +94,7 @@ def register_version(
         io_spec=io_spec,
         api_surface=api_surface,
         constraint_plugins=constraint_plugins,
+        python_model=python_model,
     )
     with transaction.atomic():
         locked = Model.objects.select_for_update().get(pk=model.pk)
@@ -108,6 +110,7 @@ def register_version(
             io_spec=io_spec,
             api_surface=api_surface,
             constraint_plugins=constraint_plugins,
+            python_model=python_model,
             release=release,
             created_by=created_by,
         )
@@ -134,6 +137,7 @@ def update_version(version: ModelVersion, **fields: Any) -> ModelVersion:
             io_spec=locked.io_spec,
             api_surface=locked.api_surface,
             constraint_plugins=locked.constraint_plugins,
+            python_model=locked.python_model,
         )
         locked.save()
     return locked

@@ -6,6 +6,7 @@ the message next to the field and the API returns it under that field's name.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -148,8 +149,15 @@ def validate_engine_args(engine_args: Any, release: PlatformRelease) -> None:
             f"{', '.join(owned)}: set by the platform from the artifact source and the model "
             "cache; leave them out."
         )
+    if "disable_log_requests" in engine_args:
+        errors.append(
+            "disable_log_requests: removed from vLLM (deprecated in 0.10.2, gone in 0.12) and "
+            "makes the engine fail to start; use enable_log_requests instead."
+        )
     allowed = set(release.allowed_engine_args)
-    unknown = sorted(set(engine_args) - allowed - PLATFORM_OWNED_ENGINE_ARGS)
+    unknown = sorted(
+        set(engine_args) - allowed - PLATFORM_OWNED_ENGINE_ARGS - {"disable_log_requests"}
+    )
     if unknown:
         errors.append(
             f"Unknown or not allowed engine argument(s): {', '.join(unknown)}. "
@@ -326,6 +334,7 @@ def validate_version_spec(
     io_spec: Any,
     api_surface: str,
     constraint_plugins: Any,
+    python_model: str = "",
 ) -> None:
     """Validate a whole version as submitted, collecting every field's errors at once."""
     errors: dict[str, list[str]] = {}
@@ -339,6 +348,10 @@ def validate_version_spec(
 
     collect(validate_artifact_uri, artifact_uri)
     collect(validate_constraint_plugins, constraint_plugins)
+    if python_model and backend != Backend.PYTHON:
+        errors.setdefault("python_model", []).append("model.py applies to the Python backend only.")
+    elif python_model:
+        collect(validate_python_model, python_model)
     if backend == Backend.VLLM:
         collect(validate_engine_args, engine_args, release)
         if io_spec:
@@ -362,3 +375,40 @@ def validate_version_spec(
         errors.setdefault("backend", []).append(f"Unknown backend {backend!r}.")
     if errors:
         raise ValidationError(errors)
+
+
+MAX_PYTHON_MODEL_BYTES = 1024 * 1024
+
+
+def validate_python_model(source: Any) -> None:
+    """Check an author's ``model.py`` statically: it parses, and defines
+    ``TritonPythonModel.execute``. Author code is never imported or run in the portal."""
+    field = "python_model"
+    if not isinstance(source, str) or not source.strip():
+        raise ValidationError({field: ["model.py is empty."]})
+    if len(source.encode()) > MAX_PYTHON_MODEL_BYTES:
+        raise ValidationError({field: [f"model.py is larger than {MAX_PYTHON_MODEL_BYTES} bytes."]})
+    try:
+        tree = ast.parse(source, filename="model.py")
+    except SyntaxError as exc:
+        raise ValidationError(
+            {field: [f"model.py does not parse: line {exc.lineno}: {exc.msg}."]}
+        ) from exc
+    classes = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel"
+    ]
+    if not classes:
+        raise ValidationError(
+            {field: ["model.py must define a top-level class TritonPythonModel."]}
+        )
+    methods = {
+        node.name
+        for node in classes[-1].body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    if "execute" not in methods:
+        raise ValidationError(
+            {field: ["TritonPythonModel must define execute(self, requests), which Triton calls."]}
+        )
