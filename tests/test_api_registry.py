@@ -431,3 +431,15 @@ def test_python_backend_model_py_upload(client, model, release):
         )
     error = api_error(bad, 400, "invalid")
     assert "must define execute" in error["fields"]["python_model"][0]
+
+
+def test_version_events_endpoint(client, version, api, outsider):
+    from portal.core.transitions import transition_version
+
+    transition_version(version, "materializing", reason="copying 2 files")
+    response = client.get(f"{VERSIONS}{version.pk}/events/")
+    assert response.status_code == 200
+    assert [(e["from_state"], e["to_state"], e["message"]) for e in response.json()] == [
+        ("registered", "materializing", "copying 2 files")
+    ]
+    assert api(outsider).get(f"{VERSIONS}{version.pk}/events/").status_code == 404

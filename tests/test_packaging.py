@@ -230,7 +230,14 @@ def test_package_version_is_idempotent(team, release, artifact_root):
     assert version.state == VersionState.READY
     digest = version.package_digest
     assert len(digest) == 64 and version.package_manifest["version"] == version.number
+    assert [(e.from_state, e.to_state) for e in version.events.all()][-2:] == [
+        ("materialized", "packaging"),
+        ("packaging", "ready"),
+    ]
+    assert version.events.last().message == f"Package sha256:{digest} stored."
+    events = version.events.count()
     package_version(version)  # ready: nothing happens
+    assert version.events.count() == events
     assert (version.state, version.package_digest) == (VersionState.READY, digest)
 
 

@@ -93,15 +93,19 @@ def test_version_move(version, start, target):
     if start == target or (start, target) in LEGAL_VERSION_MOVES:
         transition_version(version, target, reason="disk full on /fsx")
         assert version.state == target
+        events = list(version.events.values_list("actor_label", "from_state", "to_state"))
         if start == target:
             assert version.failure_reason == before  # a repeated move is a no-op
+            assert events == []
         else:
             assert version.failure_reason == ("disk full on /fsx" if target == V.FAILED else "")
+            assert events == [("controller", start, target)]
     else:
         with pytest.raises(InvalidTransition, match=f"from {start} to {target}"):
             transition_version(version, target, reason="disk full on /fsx")
         version.refresh_from_db()
         assert version.state == start
+        assert not version.events.exists()
 
 
 def test_failed_version_needs_a_reason_and_retry_clears_it(version):

@@ -21,6 +21,7 @@ from portal.registry.models import (
     ModelVersion,
     PlatformRelease,
     TaskKind,
+    VersionEvent,
 )
 from portal.registry.validation import find_version_overrides, override_message
 
@@ -116,6 +117,12 @@ class VersionOut(serializers.ModelSerializer):
             "release", "state", "failure_reason", "package_digest", "package_manifest",
             "state_changed_at", "created_at",
         ]  # fmt: skip
+
+
+class VersionEventOut(serializers.ModelSerializer):
+    class Meta:
+        model = VersionEvent
+        fields = ["id", "created_at", "actor_label", "from_state", "to_state", "message"]
 
 
 class DeploymentOut(serializers.ModelSerializer):

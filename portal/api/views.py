@@ -153,6 +153,13 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         )
         return self.answer(s.VersionOut, version, status.HTTP_201_CREATED)
 
+    @extend_schema(responses=s.VersionEventOut(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        """The version's lifecycle moves, oldest first (materialization, packaging, failures)."""
+        version = self.get_object()
+        return Response(s.VersionEventOut(version.events.all(), many=True).data)
+
     @extend_schema(request=s.VersionUpdateIn, responses=s.VersionOut)
     def partial_update(self, request, pk=None):
         version = self.get_object()

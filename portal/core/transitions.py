@@ -25,7 +25,7 @@ from portal.deployments.models import (
     Strategy,
 )
 from portal.deployments.models import ObservedState as D
-from portal.registry.models import ModelVersion
+from portal.registry.models import ModelVersion, VersionEvent
 from portal.registry.models import VersionState as V
 
 I = InstanceState  # noqa: E741 - a short alias keeps the table below readable
@@ -73,18 +73,29 @@ def check_transition(
         )
 
 
-def transition_version(version: ModelVersion, target: str, *, reason: str = "") -> ModelVersion:
-    """Move a version along its lifecycle. ``failed`` needs a reason a human can act on."""
+def transition_version(
+    version: ModelVersion, target: str, *, reason: str = "", actor: Actor = CONTROLLER
+) -> ModelVersion:
+    """Move a version along its lifecycle and record the move. ``failed`` needs a reason a
+    human can act on."""
     if target == V.FAILED and not reason:
         raise ValueError("A failed version needs a failure reason.")
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
         if locked.state != target:
             check_transition(VERSION_TRANSITIONS, "version", locked.state, target)
+            previous = locked.state
             locked.state = target
             locked.failure_reason = reason if target == V.FAILED else ""
             locked.state_changed_at = timezone.now()
             locked.save(update_fields=["state", "failure_reason", "state_changed_at"])
+            VersionEvent.objects.create(
+                version=locked,
+                actor_label=actor.label,
+                from_state=previous,
+                to_state=target,
+                message=reason,
+            )
     version.refresh_from_db()
     return version
 

@@ -1,6 +1,6 @@
 from django.contrib import admin, messages
 
-from portal.registry.models import Model, ModelVersion, PlatformRelease
+from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionEvent
 from portal.registry.services import set_default_release
 
 
@@ -78,6 +78,21 @@ class ModelAdmin(admin.ModelAdmin):
         return (model.next_version_number - 1) or None
 
 
+class VersionEventInline(admin.TabularInline):
+    """The version's lifecycle, read-only: events are an audit trail."""
+
+    model = VersionEvent
+    fields = readonly_fields = ("created_at", "actor_label", "from_state", "to_state", "message")
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
     """Operators inspect versions here. Authors register them through the API or the forms,
@@ -91,6 +106,8 @@ class ModelVersionAdmin(admin.ModelAdmin):
         "constraint_plugins", "python_model", "release", "state", "failure_reason",
         "package_digest", "package_manifest", "state_changed_at", "created_by", "created_at",
     ]  # fmt: skip
+
+    inlines = [VersionEventInline]
 
     def has_add_permission(self, request) -> bool:
         return False

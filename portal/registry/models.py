@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from portal.accounts.models import Team
@@ -131,3 +132,28 @@ class ModelVersion(models.Model):
     @property
     def team_id(self) -> int:
         return self.model.team_id
+
+
+class VersionEvent(models.Model):
+    """An append-only line of a version's lifecycle: which worker step moved it, when and why."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor_label = models.CharField(max_length=200)
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.version}: {self.from_state} → {self.to_state}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            raise ValidationError("Version events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("Version events are append-only.")

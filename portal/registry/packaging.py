@@ -254,7 +254,7 @@ def package_version(version: ModelVersion) -> ModelVersion:
     if version.state == VersionState.READY:
         return version
     if version.state == VersionState.MATERIALIZED:
-        transition_version(version, VersionState.PACKAGING)
+        transition_version(version, VersionState.PACKAGING, reason="Building the model package.")
     elif version.state != VersionState.PACKAGING:
         raise PackagingError(
             f"Version {version.number} is {version.state}; only materialized versions are packaged."
@@ -266,4 +266,6 @@ def package_version(version: ModelVersion) -> ModelVersion:
     ModelVersion.objects.filter(pk=version.pk).update(
         package_digest=package.digest, package_manifest=package.manifest
     )
-    return transition_version(version, VersionState.READY)
+    return transition_version(
+        version, VersionState.READY, reason=f"Package sha256:{package.digest} stored."
+    )
