@@ -1,0 +1,149 @@
+"""Unpack a model package safely at instance start-up.
+
+A package is a tar archive built by the portal: a Triton model repository plus
+``manifest.json`` listing every file with its sha256 and size. The archive crosses a trust
+boundary (object store, shared filesystem), so nothing in it is trusted: no links, devices,
+absolute paths or ``..``; sizes are bounded; and every checksum is verified in a private
+staging directory before the result is renamed into place, so a half-checked or hostile
+package is never visible at ``target``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+CHUNK = 1 << 20
+
+
+class UnsafePackageError(ValueError):
+    """The archive is malformed, hostile or does not match its manifest."""
+
+
+def _checked_name(name: str) -> PurePosixPath:
+    if not name or "\\" in name or "\x00" in name:
+        raise UnsafePackageError(f"{name!r}: forbidden character in member name")
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        raise UnsafePackageError(f"{name!r}: absolute path")
+    if any(part in ("..", ".") for part in path.parts) or not path.parts:
+        raise UnsafePackageError(f"{name!r}: '.' or '..' in member name")
+    return path
+
+
+def _check_members(
+    members: list[tarfile.TarInfo], max_member_bytes: int, max_total_bytes: int
+) -> dict[PurePosixPath, tarfile.TarInfo]:
+    seen: dict[PurePosixPath, tarfile.TarInfo] = {}
+    total = 0
+    for member in members:
+        path = _checked_name(member.name.rstrip("/") if member.isdir() else member.name)
+        if not (member.isfile() or member.isdir()):
+            raise UnsafePackageError(f"{member.name!r}: only files and directories are allowed")
+        if path in seen:
+            raise UnsafePackageError(f"{member.name!r}: duplicate member")
+        if member.size > max_member_bytes:
+            raise UnsafePackageError(
+                f"{member.name!r}: {member.size} bytes, over {max_member_bytes}"
+            )
+        total += member.size
+        if total > max_total_bytes:
+            raise UnsafePackageError(f"package is larger than {max_total_bytes} bytes")
+        seen[path] = member
+    for path, member in seen.items():
+        for parent in path.parents:
+            if parent in seen and not seen[parent].isdir():
+                raise UnsafePackageError(f"{member.name!r}: its parent {parent} is a file")
+    return seen
+
+
+def _read_manifest(tar: tarfile.TarFile, members: dict[PurePosixPath, tarfile.TarInfo]) -> dict:
+    member = members.get(PurePosixPath(MANIFEST_NAME))
+    if member is None or not member.isfile():
+        raise UnsafePackageError(f"no {MANIFEST_NAME} at the archive root")
+    handle = tar.extractfile(member)
+    assert handle is not None
+    try:
+        manifest = json.loads(handle.read())
+        files = {PurePosixPath(e["path"]): (e["sha256"], int(e["size"])) for e in manifest["files"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: {exc}") from exc
+    archived = {p for p, m in members.items() if m.isfile() and p != PurePosixPath(MANIFEST_NAME)}
+    if missing := sorted(map(str, set(files) - archived)):
+        raise UnsafePackageError(f"listed in the manifest but not in the archive: {missing}")
+    if unlisted := sorted(map(str, archived - set(files))):
+        raise UnsafePackageError(f"in the archive but not listed in the manifest: {unlisted}")
+    manifest["_checks"] = files
+    return manifest
+
+
+def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, destination: Path) -> str:
+    """Copy one regular member to a new file, never following a link; return its sha256."""
+    source = tar.extractfile(member)
+    assert source is not None
+    digest = hashlib.sha256()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(destination, flags, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        while chunk := source.read(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
+def extract_package(
+    archive: Path,
+    target: Path,
+    *,
+    max_member_bytes: int = 64 * 2**20,
+    max_total_bytes: int = 256 * 2**20,
+) -> dict[str, Any]:
+    """Verify and unpack ``archive`` into the new directory ``target``; return the manifest.
+
+    Raises :class:`UnsafePackageError` naming the member and the problem; ``target`` then does
+    not exist, and nothing was written anywhere but a staging directory beside it.
+    """
+    target = Path(target)
+    if target.exists() or target.is_symlink():
+        raise UnsafePackageError(f"{target} already exists; unpack into a new directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        with tarfile.open(archive, mode="r:") as tar:
+            members = _check_members(tar.getmembers(), max_member_bytes, max_total_bytes)
+            manifest = _read_manifest(tar, members)
+            checks = manifest.pop("_checks")
+            for path in sorted(members, key=lambda p: len(p.parts)):
+                member = members[path]
+                destination = staging.joinpath(*path.parts)
+                destination.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                if member.isdir():
+                    destination.mkdir(mode=0o755, exist_ok=True)
+                    continue
+                digest = _write_member(tar, member, destination)
+                if path == PurePosixPath(MANIFEST_NAME):
+                    continue
+                expected_digest, expected_size = checks[path]
+                if member.size != expected_size:
+                    raise UnsafePackageError(
+                        f"{member.name!r}: {member.size} bytes, manifest says {expected_size}"
+                    )
+                if digest != expected_digest:
+                    raise UnsafePackageError(f"{member.name!r}: sha256 does not match the manifest")
+        os.rename(staging, target)  # atomic on one filesystem: all or nothing is visible
+    except tarfile.TarError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UnsafePackageError(f"not a readable tar archive: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
