@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -21,6 +22,7 @@ from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 CHUNK = 1 << 20
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class UnsafePackageError(ValueError):
@@ -72,9 +74,9 @@ def _read_manifest(tar: tarfile.TarFile, members: dict[PurePosixPath, tarfile.Ta
     assert handle is not None
     try:
         manifest = json.loads(handle.read())
-        files = {PurePosixPath(e["path"]): (e["sha256"], int(e["size"])) for e in manifest["files"]}
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: {exc}") from exc
+    files = _manifest_checks(manifest)
     archived = {p for p, m in members.items() if m.isfile() and p != PurePosixPath(MANIFEST_NAME)}
     if missing := sorted(map(str, set(files) - archived)):
         raise UnsafePackageError(f"listed in the manifest but not in the archive: {missing}")
@@ -84,6 +86,46 @@ def _read_manifest(tar: tarfile.TarFile, members: dict[PurePosixPath, tarfile.Ta
     return manifest
 
 
+def _manifest_checks(manifest: Any) -> dict[PurePosixPath, tuple[str, int]]:
+    """Return ``{path: (sha256, size)}``, refusing anything but the exact documented shape.
+
+    Strict on purpose: ``int("12")`` or ``True`` as a size, or a format this code does not
+    know, means the package was not built by a portal this instance understands.
+    """
+    if not isinstance(manifest, dict) or manifest.get("format") != 1:
+        raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: not an object with format 1")
+    entries = manifest.get("files")
+    if not isinstance(entries, list):
+        raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: 'files' is not a list")
+    checks: dict[PurePosixPath, tuple[str, int]] = {}
+    for entry in entries:
+        fields = entry if isinstance(entry, dict) else {}
+        path, digest, size = fields.get("path"), fields.get("sha256"), fields.get("size")
+        if (
+            not isinstance(path, str)
+            or not isinstance(digest, str)
+            or not SHA256_HEX.fullmatch(digest)
+            or not isinstance(size, int)
+            or isinstance(size, bool)
+            or size < 0
+        ):
+            raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: bad file entry {entry!r}")
+        key = PurePosixPath(path)
+        if key in checks:
+            raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: {path!r} listed twice")
+        checks[key] = (digest, size)
+    return checks
+
+
+def _fsync_dir(path: str | Path) -> None:
+    """Make a directory's entries durable: the rename must never expose a missing file."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, destination: Path) -> str:
     """Copy one regular member to a new file, never following a link; return its sha256."""
     source = tar.extractfile(member)
@@ -91,6 +133,7 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, destination: Pa
     digest = hashlib.sha256()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     fd = os.open(destination, flags, 0o644)
+    os.fchmod(fd, 0o644)  # the process umask must not decide what Triton can read
     with os.fdopen(fd, "wb") as out:
         while chunk := source.read(CHUNK):
             digest.update(chunk)
@@ -139,6 +182,14 @@ def extract_package(
                     )
                 if digest != expected_digest:
                     raise UnsafePackageError(f"{member.name!r}: sha256 does not match the manifest")
+        # mkdtemp makes staging 0o700 and mkdir obeys the umask: set 0o755 everywhere, then
+        # flush every directory bottom-up so the rename publishes a complete tree.
+        for directory, _, _ in os.walk(staging, topdown=False):
+            os.chmod(directory, 0o755)
+            _fsync_dir(directory)
+        # rename() silently replaces an *empty* directory: re-check just before it.
+        if target.exists() or target.is_symlink():
+            raise UnsafePackageError(f"{target} appeared during unpacking; not overwriting it")
         os.rename(staging, target)  # atomic on one filesystem: all or nothing is visible
     except tarfile.TarError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -146,4 +197,5 @@ def extract_package(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    _fsync_dir(target.parent)  # make the rename itself durable
     return manifest

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import stat
 import tarfile
 from pathlib import Path
 
@@ -47,6 +49,13 @@ def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
     return tarfile.TarInfo(name), data
 
 
+def pax_named(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    """A name only a PAX record can carry (a ustar field stops at the first NUL)."""
+    info = tarfile.TarInfo("placeholder")
+    info.pax_headers = {"path": name}
+    return info, data
+
+
 def special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
     info = tarfile.TarInfo(name)
     info.type, info.linkname = kind, linkname
@@ -59,6 +68,15 @@ def good_members(files=GOOD, manifest: bytes | None = None):
         *members,
         regular("manifest.json", manifest_of(files) if manifest is None else manifest),
     ]
+
+
+def bad_entry(duplicate: bool = False, **override) -> bytes:
+    """The GOOD manifest with its first entry's fields overridden (or listed twice)."""
+    manifest = json.loads(manifest_of(GOOD))
+    manifest["files"][0].update(override)
+    if duplicate:
+        manifest["files"].append(manifest["files"][0])
+    return json.dumps(manifest).encode()
 
 
 def test_good_package_round_trips(here):
@@ -86,6 +104,7 @@ HOSTILE = {
     "absolute path": ([regular("/etc/passwd", b"x")], "absolute"),
     "inner traversal": ([regular("a/../../x", b"x")], "'..'"),
     "backslash": ([regular("a\\..\\x", b"x")], "forbidden character"),
+    "NUL in a PAX path": ([pax_named("m/a\x00b", b"x")], "forbidden character"),
     "symlink out": (
         [special("m/link", tarfile.SYMTYPE, "/etc/passwd")],
         "only files and directories",
@@ -126,6 +145,14 @@ def test_hostile_archives_are_refused(here, case):
         ([regular(p, d) for p, d in GOOD.items()], {}, "no manifest.json"),
         (good_members(manifest=b"not json"), {}, "malformed"),
         (good_members(manifest=b'{"files": [{"path": "x"}]}'), {}, "malformed"),
+        (good_members(manifest=b'{"format": 2, "files": []}'), {}, "format 1"),
+        (good_members(manifest=b"[]"), {}, "format 1"),
+        (good_members(manifest=bad_entry(size="16")), {}, "bad file entry"),
+        (good_members(manifest=bad_entry(size=True)), {}, "bad file entry"),
+        (good_members(manifest=bad_entry(size=-1)), {}, "bad file entry"),
+        (good_members(manifest=bad_entry(sha256="ABC")), {}, "bad file entry"),
+        (good_members(manifest=bad_entry(path=None)), {}, "bad file entry"),
+        (good_members(manifest=bad_entry(duplicate=True)), {}, "listed twice"),
         (good_members(manifest=manifest_of({**GOOD, "m/extra": b"1"})), {}, "not in the archive"),
         (
             good_members(manifest=manifest_of({"m/config.pbtxt": GOOD["m/config.pbtxt"]})),
@@ -156,6 +183,45 @@ def test_existing_target_is_never_overwritten(here):
     with pytest.raises(UnsafePackageError, match="already exists"):
         extract_package(archive(here / "p.tar", good_members()), here / "out")
     assert (here / "out" / "keep").read_text() == "mine"
+
+
+def test_modes_do_not_depend_on_the_umask(here):
+    """Directories 0o755 and files 0o644, even under umask 077 (mkdtemp alone gives 0o700)."""
+    old = os.umask(0o077)
+    try:
+        extract_package(archive(here / "p.tar", good_members()), here / "out")
+    finally:
+        os.umask(old)
+    modes = {
+        str(p.relative_to(here)): stat.S_IMODE(p.stat().st_mode)
+        for p in [here / "out", *(here / "out").rglob("*")]
+    }
+    assert modes == {
+        "out": 0o755,
+        "out/m": 0o755,
+        "out/m/1": 0o755,
+        "out/manifest.json": 0o644,
+        "out/m/config.pbtxt": 0o644,
+        "out/m/1/model.json": 0o644,
+    }
+
+
+def test_target_created_during_unpacking_is_not_replaced(here, monkeypatch):
+    """rename() would silently replace an empty directory; the last-moment re-check refuses."""
+    import serving.package as package
+
+    real_fsync_dir = package._fsync_dir
+
+    def fsync_then_race(path):
+        real_fsync_dir(path)
+        if Path(path).name.startswith(".out."):  # the staging root: the last one before rename
+            (here / "out").mkdir()
+
+    monkeypatch.setattr(package, "_fsync_dir", fsync_then_race)
+    with pytest.raises(UnsafePackageError, match="appeared during unpacking"):
+        extract_package(archive(here / "p.tar", good_members()), here / "out")
+    assert sorted(p.name for p in here.iterdir()) == ["out", "p.tar"]
+    assert list((here / "out").iterdir()) == []
 
 
 def test_not_a_tar_archive(here):
