@@ -232,3 +232,16 @@ def test_every_action_in_every_state(
             deployment.refresh_from_db()
             assert deployment.desired_state == desired, case
             assert deployment.events.count() == events_before, case
+
+
+def test_version_events_are_append_only(version):
+    from django.core.exceptions import ValidationError
+
+    transition_version(version, V.MATERIALIZING)
+    event = version.events.get()
+    event.message = "rewritten history"
+    with pytest.raises(ValidationError, match="append-only"):
+        event.save()
+    with pytest.raises(ValidationError, match="append-only"):
+        event.delete()
+    assert version.events.get().message == ""

@@ -1,6 +1,23 @@
-"""Rows that belong to no domain app: stored answers for idempotent API calls."""
+"""Rows and bases that belong to no domain app: stored answers for idempotent API calls, and
+the append-only base of the audit trails."""
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+
+class AppendOnlyModel(models.Model):
+    """An audit-trail row: written once, never updated or deleted through the ORM."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            raise ValidationError(f"{self._meta.verbose_name_plural} are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError(f"{self._meta.verbose_name_plural} are append-only.")
 
 
 class IdempotencyRecord(models.Model):

@@ -8,9 +8,9 @@ Every change to either is recorded as a :class:`DeploymentEvent`.
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import models
 
+from portal.core.models import AppendOnlyModel
 from portal.registry.models import Model, ModelVersion
 
 
@@ -190,7 +190,7 @@ class EventKind(models.TextChoices):
     INSTANCE = "instance", "Instance changed"
 
 
-class DeploymentEvent(models.Model):
+class DeploymentEvent(AppendOnlyModel):
     """An append-only line of a deployment's timeline: who or what did what, when and why.
 
     Rows are never updated or deleted; this is the audit trail.
@@ -215,11 +215,3 @@ class DeploymentEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label}: {self.message}"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None:
-            raise ValidationError("Deployment events are append-only.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise ValidationError("Deployment events are append-only.")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import models
 
 from portal.accounts.models import Team
+from portal.core.models import AppendOnlyModel
 
 
 class PlatformRelease(models.Model):
@@ -134,7 +134,7 @@ class ModelVersion(models.Model):
         return self.model.team_id
 
 
-class VersionEvent(models.Model):
+class VersionEvent(AppendOnlyModel):
     """An append-only line of a version's lifecycle: which worker step moved it, when and why."""
 
     version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="events")
@@ -149,11 +149,3 @@ class VersionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version}: {self.from_state} → {self.to_state}"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None:
-            raise ValidationError("Version events are append-only.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise ValidationError("Version events are append-only.")
