@@ -23,6 +23,7 @@ from portal.accounts.tokens import issue_token
 from portal.deployments.models import InstanceType
 from portal.registry.models import PlatformRelease
 from portal.registry.validation import ENGINE_ARG_TYPES
+from tests.factories import make_deployment, make_model, make_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +65,22 @@ def release(db):
 def cpu_instance_type(db):
     instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
     return instance_type
+
+
+@pytest.fixture
+def model(team):
+    """A model of the ``team`` fixture, registered through the service."""
+    return make_model(team, "ranker")
+
+
+@pytest.fixture
+def version(model, release, artifact_root):
+    return make_version(model, artifact_root)
+
+
+@pytest.fixture
+def deployment(model, version, cpu_instance_type):
+    return make_deployment(model, version, cpu_instance_type)
 
 
 def _user(username: str, team: Team | None, role: str):

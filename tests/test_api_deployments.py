@@ -29,11 +29,6 @@ def serve(deployment) -> None:
 
 
 @pytest.fixture
-def model(team):
-    return make_model(team, "ranker")
-
-
-@pytest.fixture
 def v1(model, release, artifact_root):
     return make_version(model, artifact_root)
 

@@ -8,7 +8,7 @@ from portal.accounts.models import Role
 from portal.accounts.tokens import issue_token
 from portal.core.models import IdempotencyRecord
 from tests.api_helpers import row_counts
-from tests.factories import make_deployment, make_model, make_version
+from tests.factories import make_deployment
 
 pytestmark = pytest.mark.django_db
 
@@ -19,21 +19,6 @@ KEY = "ci-run-1234"
 def post(client, path: str, body, key: str | None = KEY):
     headers = {} if key is None else {"Idempotency-Key": key}
     return client.post(f"{API}/{path}", body, format="json", headers=headers)
-
-
-@pytest.fixture
-def model(team):
-    return make_model(team, "ranker")
-
-
-@pytest.fixture
-def version(model, release, artifact_root):
-    return make_version(model, artifact_root)
-
-
-@pytest.fixture
-def deployment(model, version, cpu_instance_type):
-    return make_deployment(model, version, cpu_instance_type)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from portal.core.transitions import transition_version
 from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionState
 from tests.api_helpers import api_error, nothing_created
-from tests.factories import make_model, make_version
+from tests.factories import make_version
 
 pytestmark = pytest.mark.django_db
 
@@ -33,16 +33,6 @@ def refused(client, method: str, url: str, body, field: str, *needles: str) -> l
 @pytest.fixture
 def client(api, member_token):
     return api(member_token)
-
-
-@pytest.fixture
-def model(team):
-    return make_model(team, "ranker")
-
-
-@pytest.fixture
-def version(model, release, artifact_root):
-    return make_version(model, artifact_root)
 
 
 IO_SPEC = {
