@@ -22,11 +22,17 @@ RUN python3 /opt/platform/check_vllm_backend.py /opt/tritonserver/backends/vllm
 
 # This project's serving package (start-up sequence, unified /metrics, constraint plugin) and
 # its native extension. --no-deps: the container's vLLM, torch and Triton stay as NVIDIA built them.
-COPY pyproject.toml README.md /opt/platform/src/
+COPY pyproject.toml setup.py README.md /opt/platform/src/
 COPY portal /opt/platform/src/portal
 COPY serving /opt/platform/src/serving
 COPY native /opt/platform/src/native
 RUN pip install --no-cache-dir --no-deps /opt/platform/src
+
+# vLLM loads logits processors registered under the "vllm.logits_processors" entry point by
+# itself; fail the build if ours is not registered or does not import against this vLLM.
+RUN python3 -c "from importlib.metadata import entry_points; \
+    eps = {e.name: e for e in entry_points(group='vllm.logits_processors')}; \
+    cls = eps['constraint'].load(); print('constraint logits processor:', cls.__module__, cls.__name__)"
 
 ENV PLATFORM_RELEASE_TRITON=${TRITON_TAG} PLATFORM_RELEASE_VLLM=${VLLM_VERSION}
 EXPOSE 8000 8001 8002

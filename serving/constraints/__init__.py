@@ -1,0 +1,27 @@
+"""Per-request output constraints enforced inside the decode loop.
+
+See ``docs/constraints.md`` for the semantics. Like the rest of ``serving``, nothing here
+imports Django.
+"""
+
+from __future__ import annotations
+
+from serving.constraints.spec import (
+    All,
+    ConstraintError,
+    ConstraintSpec,
+    Regex,
+    parse_constraint,
+)
+
+__all__ = ["ConstraintError", "ConstraintSpec", "parse_constraint", "validate_spec"]
+
+
+def validate_spec(spec: ConstraintSpec) -> None:
+    """Checks what can be checked without a vocabulary (regex syntax and features), so a bad
+    constraint is refused when the request is admitted rather than when it is scheduled."""
+    from serving.constraints import _native
+
+    for part in spec.parts if isinstance(spec, All) else (spec,):
+        if isinstance(part, Regex):
+            _native.check_regex(part.pattern)

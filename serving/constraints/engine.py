@@ -1,0 +1,61 @@
+"""The interface both constraint engines (pure-Python reference and native C++) implement.
+
+Adapters (vLLM, Hugging Face) are written against these protocols only, so the tests can run
+the same adapter over the reference engine and the native one and compare them row by row.
+The semantics every implementation must follow are in ``docs/constraints.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from serving.constraints.spec import ConstraintSpec
+from serving.constraints.vocab import Vocabulary
+
+
+class Compiled(Protocol):
+    """A compiled constraint: immutable, shared by every request that uses it."""
+
+
+class Batch(Protocol):
+    max_rows: int
+
+    def add(
+        self,
+        row: int,
+        compiled: Any,
+        output_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> None: ...
+
+    def remove(self, row: int) -> None: ...
+
+    def swap(self, a: int, b: int) -> None: ...
+
+    def move(self, src: int, dst: int) -> None: ...
+
+    def advance(self, row: int, tokens: Sequence[int]) -> None: ...
+
+    def fill(self, bitmask: np.ndarray) -> list[int]: ...
+
+    def occupied_rows(self) -> list[int]: ...
+
+
+class Engine(Protocol):
+    vocab: Vocabulary
+
+    def compile(self, spec: ConstraintSpec) -> Any: ...
+
+    def new_batch(self, max_rows: int) -> Batch: ...
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> np.ndarray:
+    """An int32 bitmask ``[rows, ceil(vocab_size / 32)]`` with every token allowed."""
+    return np.full((rows, bitmask_words(vocab_size)), -1, dtype=np.int32)
