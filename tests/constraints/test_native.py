@@ -239,16 +239,18 @@ def test_many_rows_on_the_thread_pool_match_one_row_at_a_time(byte_engine):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("density", [0.001, 0.3, 0.97])
-def test_native_apply_equals_the_device_path(dtype, density):
+@pytest.mark.parametrize("vocab", [1000, 5003])  # 5003: long rows take the streaming-store fill
+def test_native_apply_equals_the_device_path(dtype, density, vocab):
     rng = np.random.default_rng(5)
-    rows, vocab = 6, 1000  # not a multiple of 32
+    rows = 6
+    words = (vocab + 31) // 32
     bits = rng.random((rows, vocab)) < density
     bits[2] = True
     bits[3] = False
-    padded = np.zeros((rows, 32 * 32), dtype=bool)
+    padded = np.zeros((rows, words * 32), dtype=bool)
     padded[:, :vocab] = bits
     bitmask = np.packbits(padded.reshape(rows, -1, 32)[:, :, ::-1], axis=-1, bitorder="big")
-    bitmask = bitmask.reshape(rows, -1, 4)[:, :, ::-1].copy().view(np.int32).reshape(rows, 32)
+    bitmask = bitmask.reshape(rows, -1, 4)[:, :, ::-1].copy().view(np.int32).reshape(rows, words)
     base = torch.randn(rows, vocab + 7).to(dtype)[:, :vocab]  # rows are strided
     expected = base.clone()
     expected[torch.from_numpy(~bits)] = float("-inf")
