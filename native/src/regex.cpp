@@ -65,9 +65,13 @@ class Parser {
   Parser(const std::string& pattern, const RegexLimits& limits) : p_(decode_utf8(pattern)), limits_(limits) {}
 
   int parse() {
-    if (!p_.empty() && p_[0] == '^') pos_ = 1;
+    bool caret = !p_.empty() && p_[0] == '^';
+    if (caret) pos_ = 1;
     int root = parse_alt(0);
     if (pos_ < p_.size()) fail(p_[pos_] == ')' ? "unbalanced parenthesis" : "unexpected character");
+    // In Python an anchor next to a top-level | belongs to one alternative only.
+    if ((caret || dollar_) && nodes[static_cast<size_t>(root)].kind == Node::kAlt)
+      fail("'^' and '$' are only supported around the whole pattern; group alternatives as ^(a|b)$");
     return root;
   }
   std::vector<Node> nodes;
@@ -100,6 +104,7 @@ class Parser {
       if (peek() == '$') {
         if (depth != 0 || pos_ + 1 != p_.size()) fail("'$' is only supported at the end of the pattern");
         ++pos_;
+        dollar_ = true;
         if (!at_end()) fail("nothing to repeat");
         break;
       }
@@ -316,6 +321,7 @@ class Parser {
 
   std::vector<uint32_t> p_;
   size_t pos_ = 0;
+  bool dollar_ = false;
   RegexLimits limits_;
 };
 

@@ -31,6 +31,7 @@ from portal.registry.validation import (
     validate_io_spec,
     validate_python_model,
 )
+from serving.constraints import LOGITS_PROCESSOR
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -124,6 +125,10 @@ def repository_files(version: ModelVersion, *, gpus: bool = True) -> dict[str, b
                 # Needed for vLLM's metrics, which the unified /metrics endpoint serves.
                 "disable_log_stats": False,
                 **version.engine_args,
+                # The constraint processor, by name as well as through its entry point: only
+                # named processors make vLLM fill in real output token IDs under async
+                # scheduling (the default), and the processor reads those IDs.
+                "logits_processors": [LOGITS_PROCESSOR],
             }
             return {
                 f"{name}/config.pbtxt": render_config(vllm_config(name, number)).encode(),

@@ -14,7 +14,16 @@ from serving.constraints.spec import (
     parse_constraint,
 )
 
-__all__ = ["ConstraintError", "ConstraintSpec", "parse_constraint", "validate_spec"]
+__all__ = [
+    "LOGITS_PROCESSOR",
+    "ConstraintError",
+    "ConstraintSpec",
+    "parse_constraint",
+    "validate_spec",
+]
+
+# The vLLM logits processor, as vLLM's ``logits_processors`` engine argument names it.
+LOGITS_PROCESSOR = "serving.constraints.vllm_v1:ConstraintLogitsProcessor"
 
 
 def validate_spec(spec: ConstraintSpec) -> None:

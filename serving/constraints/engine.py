@@ -21,7 +21,8 @@ class Compiled(Protocol):
 
 
 class Batch(Protocol):
-    max_rows: int
+    @property
+    def max_rows(self) -> int: ...
 
     def add(
         self,

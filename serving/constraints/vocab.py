@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from serving.constraints.spec import ConstraintError
 
@@ -39,3 +42,119 @@ class Vocabulary:
     @classmethod
     def of(cls, tokens: Iterable[bytes], eos_token_ids: Iterable[int], size: int = 0) -> Vocabulary:
         return cls(tuple(tokens), tuple(eos_token_ids), size)
+
+    @classmethod
+    def from_hf_tokenizer(
+        cls,
+        tokenizer: Any,
+        size: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> Vocabulary:
+        """The bytes every token of a Hugging Face tokenizer spells.
+
+        Byte-level BPE stores bytes as printable stand-in characters, SentencePiece-style
+        vocabularies write spaces as ``\u2581`` and raw bytes as ``<0xHH>``; anything else is
+        the token's text in UTF-8. Special tokens spell nothing (``b""``)."""
+        count = len(tokenizer)
+        style = _token_style(tokenizer)
+        special = _special_ids(tokenizer)
+        added = _added_contents(tokenizer)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(count)))
+        tokens = []
+        for token_id, piece in enumerate(pieces):
+            if token_id in special or piece is None:
+                tokens.append(b"")
+            elif token_id in added:
+                tokens.append(added[token_id].encode("utf-8"))
+            else:
+                tokens.append(_piece_bytes(piece, style))
+        if eos_token_ids is None:
+            eos = tokenizer.eos_token_id
+            eos_token_ids = [] if eos is None else [eos]
+        return cls(tuple(tokens), tuple(eos_token_ids), size or count)
+
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-printable-character table: printable Latin-1 bytes map
+    to themselves, the others to consecutive code points from U+0100."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
+    table: dict[str, int] = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+_BYTE_DECODER = _gpt2_byte_decoder()
+
+
+def _component_types(config: Any) -> set[str]:
+    """Every ``type`` named in a tokenizer JSON component, looking into Sequences."""
+    if isinstance(config, dict):
+        found = {str(config["type"])} if "type" in config else set()
+        for value in config.values():
+            found |= _component_types(value)
+        return found
+    if isinstance(config, list):
+        return set().union(*(_component_types(item) for item in config)) if config else set()
+    return set()
+
+
+def _token_style(tokenizer: Any) -> str:
+    """ "bytelevel", "metaspace" or "plain", from the fast tokenizer's decoder and
+    pre-tokenizer, or from the slow tokenizer's attributes."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        config = json.loads(backend.to_str())
+        kinds = _component_types(config.get("decoder")) | _component_types(
+            config.get("pre_tokenizer")
+        )
+        if "ByteLevel" in kinds:
+            return "bytelevel"
+        if kinds & {"Metaspace", "ByteFallback", "Replace"}:
+            return "metaspace"
+        return "plain"
+    if hasattr(tokenizer, "byte_decoder"):
+        return "bytelevel"
+    if hasattr(tokenizer, "sp_model"):
+        return "metaspace"
+    return "plain"
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if getattr(added, "special", False):
+            ids.add(int(token_id))
+    return ids
+
+
+def _added_contents(tokenizer: Any) -> dict[int, str]:
+    """Non-special added tokens are matched as literal text, not in the model's encoding."""
+    out: dict[int, str] = {}
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if not getattr(added, "special", False):
+            out[int(token_id)] = str(getattr(added, "content", added))
+    return out
+
+
+def _piece_bytes(piece: str, style: str) -> bytes:
+    if style == "bytelevel":
+        if all(ch in _BYTE_DECODER for ch in piece):
+            return bytes(_BYTE_DECODER[ch] for ch in piece)
+        return piece.encode("utf-8")
+    if style == "metaspace":
+        fallback = _BYTE_FALLBACK.match(piece)
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+    return piece.encode("utf-8")

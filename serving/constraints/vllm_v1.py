@@ -1,0 +1,273 @@
+"""vLLM V1 logits processor (the ``BatchUpdate`` interface, vLLM 0.10.2 to 0.33) over a
+constraint engine.
+
+vLLM keeps a persistent batch whose rows are request slots; before every forward pass it tells
+each logits processor how the slots changed (``update_state``), then hands it the logits of the
+whole batch (``apply``). A constraint engine's ``Batch`` mirrors those slots one to one, so this
+adapter only translates the update and applies the mask; all per-request state (including the
+live output-token lists that vLLM extends in place) lives in the engine.
+
+Facts from vLLM's own source this follows (0.24.0, ``vllm/v1/sample/logits_processor/`` and
+``vllm/v1/worker/gpu_input_batch.py``):
+
+- Updates are applied removed, then added, then moved (the order ``BatchUpdate`` documents).
+  The builder gives a freed slot to the next added request by popping it from ``removed``, and
+  ``condense()`` pops the slots it fills, so an index never appears in both ``removed`` and
+  ``added``; an added or moved request simply replaces whatever occupied its slot.
+- ``moved`` is a sequence applied in order: ``SWAP`` exchanges two slots, ``UNIDIRECTIONAL``
+  (``condense()``) moves a request into an emptied slot and leaves its old slot empty.
+- ``output_tok_ids`` in ``added`` is the request's running output list, extended in place
+  every step, so it is handed to the engine uncopied and read at every ``fill``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from serving.constraints import LOGITS_PROCESSOR, validate_spec
+from serving.constraints.apply import apply_bitmask_
+from serving.constraints.engine import Batch, Engine, bitmask_words
+from serving.constraints.spec import (
+    EXTRA_ARGS_KEY,
+    ConstraintError,
+    ConstraintSpec,
+    parse_constraint,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger("serving.constraints")
+
+FQCN = LOGITS_PROCESSOR
+
+# The platform names this class in ``logits_processors`` (so that vLLM fills in real token IDs
+# under async scheduling) and the entry point loads it too, so vLLM builds it twice for one
+# engine. The first instance per VllmConfig does the work; later ones stand aside.
+_working: dict[int, weakref.ReferenceType[ConstraintLogitsProcessor]] = {}
+
+
+def constraint_of(params: SamplingParams) -> ConstraintSpec | None:
+    """The request's parsed constraint from ``extra_args["constraint"]`` (a mapping, or a JSON
+    string as ``vllm_xargs`` carries it), or None when the request has none."""
+    extra = params.extra_args
+    if not extra or extra.get(EXTRA_ARGS_KEY) is None:
+        return None
+    try:
+        return parse_constraint(extra[EXTRA_ARGS_KEY])
+    except ConstraintError as exc:
+        raise ConstraintError(f"invalid constraint: {exc}") from None
+
+
+class ConstraintLogitsProcessor(LogitsProcessor):
+    """Masks each constrained request's logits to the tokens its constraint allows."""
+
+    engine: Engine
+    dead_rows_total: int
+    """How many requests have gone dead (their constraint allowed nothing, or they were fed a
+    token it did not allow) and were forced to end with EOS. Each request counts once."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        from transformers import AutoTokenizer
+
+        from serving.constraints.native import NativeEngine
+        from serving.constraints.vocab import Vocabulary
+
+        model_config = vllm_config.model_config
+        _refuse_unrepaired_placeholders(vllm_config)
+        self._config = vllm_config  # keeps id(vllm_config) from being reused while we live
+        first = _working.get(id(vllm_config))
+        self.stands_aside = first is not None and first() is not None
+        if self.stands_aside:
+            logger.info(
+                "constraint logits processor already loaded for this engine; this copy is idle"
+            )
+            return
+        _working[id(vllm_config)] = weakref.ref(self)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_config.tokenizer,
+            revision=getattr(model_config, "tokenizer_revision", None),
+            trust_remote_code=model_config.trust_remote_code,
+        )
+        vocab = Vocabulary.from_hf_tokenizer(
+            tokenizer,
+            size=model_config.get_vocab_size(),
+            eos_token_ids=_eos_token_ids(tokenizer, model_config),
+        )
+        engine: Engine = NativeEngine(vocab)
+        self._setup(
+            engine,
+            vllm_config.scheduler_config.max_num_seqs,
+            device,
+            is_pin_memory,
+        )
+
+    @classmethod
+    def for_engine(
+        cls,
+        engine: Engine,
+        max_num_reqs: int,
+        device: torch.device | str = "cpu",
+        is_pin_memory: bool = False,
+    ) -> ConstraintLogitsProcessor:
+        """Build the processor over any engine, without a ``VllmConfig`` (tests, benchmarks)."""
+        self = cls.__new__(cls)
+        self._setup(engine, max_num_reqs, torch.device(device), is_pin_memory)
+        return self
+
+    def _setup(
+        self, engine: Engine, max_num_reqs: int, device: torch.device, is_pin_memory: bool
+    ) -> None:
+        self.engine = engine
+        self.stands_aside = False
+        self.batch: Batch = engine.new_batch(max_num_reqs)
+        # The engine writes the mask through a numpy view of this buffer. It is pinned like
+        # vLLM's own host buffers; apply_bitmask_ copies the occupied rows out of it into a
+        # fresh block per step before the non-blocking device copy, so refilling it next step
+        # (with async scheduling, before the GPU has caught up) cannot race that copy.
+        pin = is_pin_memory and torch.device(device).type == "cuda"
+        self.bitmask = torch.full(
+            (max_num_reqs, bitmask_words(engine.vocab.size)),
+            -1,
+            dtype=torch.int32,
+            pin_memory=pin,
+        )
+        self.bitmask_np: np.ndarray = self.bitmask.numpy()
+        self.dead_rows_total = 0
+        self._dead: set[int] = set()
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Refuse a bad constraint when the request is admitted (vLLM calls this in the front
+        end), so it never reaches the decode loop."""
+        spec = constraint_of(sampling_params)
+        if spec is not None:
+            try:
+                validate_spec(spec)
+            except ConstraintError as exc:
+                raise ConstraintError(f"invalid constraint: {exc}") from None
+
+    def is_argmax_invariant(self) -> bool:
+        """Masking changes which token is greedy-best, so vLLM must run this even for greedy."""
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None or self.stands_aside:
+            return
+        batch = self.batch
+        for index in batch_update.removed:
+            batch.remove(index)
+            self._dead.discard(index)
+        for index, params, prompt_tok_ids, output_tok_ids in batch_update.added:
+            self._add(index, params, prompt_tok_ids, output_tok_ids)
+        for a, b, direction in batch_update.moved:
+            dead_a, dead_b = a in self._dead, b in self._dead
+            self._dead.difference_update((a, b))
+            if direction == MoveDirectionality.SWAP:
+                batch.swap(a, b)
+                if dead_b:
+                    self._dead.add(a)
+            else:
+                batch.move(a, b)
+            if dead_a:
+                self._dead.add(b)
+
+    def _add(
+        self,
+        index: int,
+        params: SamplingParams,
+        prompt_tok_ids: list[int] | None,
+        output_tok_ids: list[int],
+    ) -> None:
+        self._dead.discard(index)
+        try:
+            spec = constraint_of(params)
+            compiled = None if spec is None else self.engine.compile(spec)
+        except ConstraintError as exc:
+            # validate_params should have refused it; never take the engine down for one request.
+            logger.error("constraint refused in row %d, left unconstrained: %s", index, exc)
+            compiled = None
+        except Exception:
+            logger.exception("constraint failed to compile in row %d, left unconstrained", index)
+            compiled = None
+        if compiled is None:
+            # Also clears a constrained request this one replaces.
+            self.batch.remove(index)
+        else:
+            self.batch.add(index, compiled, output_tok_ids, prompt_tok_ids)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.stands_aside:
+            return logits
+        rows = self.batch.occupied_rows()
+        if not rows:
+            return logits
+        if logits.shape[-1] > self.engine.vocab.size:
+            raise ValueError(
+                f"logits are {logits.shape[-1]} wide but the constraint vocabulary has "
+                f"{self.engine.vocab.size} tokens"
+            )
+        dead = self.batch.fill(self.bitmask_np)
+        if dead:
+            self._report_dead(dead)
+        bitmask: Any = self.bitmask if logits.device.type != "cpu" else self.bitmask_np
+        apply_bitmask_(logits, bitmask, rows=rows)
+        return logits
+
+    def _report_dead(self, dead: list[int]) -> None:
+        new = [row for row in dead if row not in self._dead]
+        if new:
+            self._dead.update(new)
+            self.dead_rows_total += len(new)
+            logger.warning(
+                "constraint dead in rows %s (it allows nothing, or was fed a token it did not "
+                "allow); only EOS is allowed there",
+                new,
+            )
+
+
+def _eos_token_ids(tokenizer: Any, model_config: Any) -> list[int]:
+    """The IDs vLLM stops on: the tokenizer's EOS plus the generation config's
+    ``eos_token_id`` (``SamplingParams.update_from_generation_config``), e.g. Llama 3's
+    ``<|eot_id|>``. A constraint must allow all of them when it accepts."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    try:
+        extra = model_config.try_get_generation_config().get("eos_token_id")
+    except Exception:  # no generation config to read is not an error
+        extra = None
+    for token_id in [extra] if isinstance(extra, int) else extra or []:
+        if token_id not in ids and 0 <= token_id < len(tokenizer):
+            ids.append(token_id)
+    return ids
+
+
+def _refuse_unrepaired_placeholders(vllm_config: VllmConfig) -> None:
+    """With async scheduling, vLLM appends -1 placeholders to every request's output list and
+    replaces them with the sampled IDs before the logits processors run only when the processor
+    was named in ``logits_processors``; an entry-point plugin alone does not turn that on
+    (``logitsprocs_need_output_token_ids=bool(model_config.logits_processors)`` in
+    ``gpu_model_runner.py``, vLLM 0.24.0). The engine would then never see a real token and
+    every constrained request would stay in its initial state, so refuse to start instead."""
+    scheduler = vllm_config.scheduler_config
+    if not getattr(scheduler, "async_scheduling", False):
+        return
+    named = vllm_config.model_config.logits_processors or ()
+    for entry in named:
+        if isinstance(entry, type) and issubclass(entry, ConstraintLogitsProcessor):
+            return
+        if isinstance(entry, str) and entry.replace(":", ".") == FQCN.replace(":", "."):
+            return
+    raise ValueError(
+        "the constraint logits processor needs vLLM to fill in the output token IDs it reads: "
+        f'with async scheduling, list it in logits_processors (["{FQCN}"]) '
+        "or turn async scheduling off (async_scheduling=False)"
+    )
