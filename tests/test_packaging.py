@@ -21,6 +21,7 @@ from portal.registry.packaging import (
 )
 from portal.registry.services import set_default_release
 from portal.registry.tasks import package_version_task
+from serving.constraints import LOGITS_PROCESSOR
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db
@@ -100,6 +101,7 @@ def test_vllm_package(team, release, artifact_root, engine_args):
         "tokenizer": weights,
         "disable_log_stats": False,
         **engine_args,
+        "logits_processors": [LOGITS_PROCESSOR],
     }
     assert "vllm" not in files[f"{name}/{number}/model.json"].decode().lower().replace("vllm_", "")
 

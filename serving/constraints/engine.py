@@ -7,6 +7,7 @@ The semantics every implementation must follow are in ``docs/constraints.md``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -51,6 +52,18 @@ class Engine(Protocol):
     def compile(self, spec: ConstraintSpec) -> Any: ...
 
     def new_batch(self, max_rows: int) -> Batch: ...
+
+
+logger = logging.getLogger("serving.constraints")
+
+
+def log_dead_rows(rows: list[int]) -> None:
+    """Dead rows are forced to EOS; say so once per request, so an operator can find them."""
+    logger.warning(
+        "constraint dead in rows %s (it allows nothing, or was fed a token it did not allow); "
+        "only EOS is allowed there",
+        rows,
+    )
 
 
 def bitmask_words(vocab_size: int) -> int:

@@ -16,7 +16,6 @@ An instance serves one ``generate`` call.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,9 +24,7 @@ import torch
 from transformers import LogitsProcessor
 
 from serving.constraints.apply import apply_bitmask_
-from serving.constraints.engine import Batch, Engine, allocate_bitmask
-
-logger = logging.getLogger("serving.constraints")
+from serving.constraints.engine import Batch, Engine, allocate_bitmask, log_dead_rows
 
 
 class ConstraintLogitsProcessor(LogitsProcessor):
@@ -84,11 +81,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if new_dead:
             self._dead.update(new_dead)
             self.dead_rows_total += len(new_dead)
-            logger.warning(
-                "constraint dead in rows %s (it allows nothing, or was fed a token it did not "
-                "allow); only EOS is allowed there",
-                new_dead,
-            )
+            log_dead_rows(new_dead)
         apply_bitmask_(scores, self._bitmask, rows=rows)
         return scores
 

@@ -33,7 +33,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from serving.constraints import LOGITS_PROCESSOR, validate_spec
 from serving.constraints.apply import apply_bitmask_
-from serving.constraints.engine import Batch, Engine, bitmask_words
+from serving.constraints.engine import Batch, Engine, bitmask_words, log_dead_rows
 from serving.constraints.spec import (
     EXTRA_ARGS_KEY,
     ConstraintError,
@@ -226,11 +226,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if new:
             self._dead.update(new)
             self.dead_rows_total += len(new)
-            logger.warning(
-                "constraint dead in rows %s (it allows nothing, or was fed a token it did not "
-                "allow); only EOS is allowed there",
-                new,
-            )
+            log_dead_rows(new)
 
 
 def _eos_token_ids(tokenizer: Any, model_config: Any) -> list[int]:

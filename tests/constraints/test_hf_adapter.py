@@ -7,25 +7,22 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any
 
 import pytest
+import tokenizers
 import torch
-
-pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
-
-from transformers import (  # noqa: E402
+from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     LogitsProcessorList,
     PreTrainedTokenizerFast,
 )
-from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from serving.constraints.hf import ConstraintLogitsProcessor  # noqa: E402
-from serving.constraints.spec import parse_constraint  # noqa: E402
-from serving.constraints.vocab import Vocabulary  # noqa: E402
+from serving.constraints.hf import ConstraintLogitsProcessor
+from serving.constraints.spec import parse_constraint
+from serving.constraints.vocab import Vocabulary
+from tests.constraints.helpers import ENGINE_CLASSES
 
 EOS_TEXT = "<|endoftext|>"
 WORDS = [
@@ -45,25 +42,6 @@ WORDS = [
     "part",
     "zone",
 ]
-
-
-def engine_classes() -> list[Any]:
-    params = []
-    try:
-        from serving.constraints.reference import ReferenceEngine
-    except ImportError as exc:  # pragma: no cover - only while the reference is missing
-        reason = f"serving.constraints.reference cannot be imported yet: {exc}"
-        params.append(pytest.param(None, id="reference", marks=pytest.mark.skip(reason=reason)))
-    else:
-        params.append(pytest.param(ReferenceEngine, id="reference"))
-    try:
-        from serving.constraints.native import NativeEngine
-    except ImportError as exc:  # pragma: no cover - only while the native engine is missing
-        reason = f"serving.constraints.native cannot be imported yet: {exc}"
-        params.append(pytest.param(None, id="native", marks=pytest.mark.skip(reason=reason)))
-    else:
-        params.append(pytest.param(NativeEngine, id="native"))
-    return params
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +127,7 @@ CHOICES = ["red", "green", "blue", "amber-7", "teal"]
 REGEXES = [r"[a-c]{2,4}-[0-9]{2}", r"(alpha|beta) [0-9]{1,3}", r"[A-Z][a-z]{0,3}\.?", r"\d{3}"]
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 @pytest.mark.parametrize("seed", range(3))
 def test_sampled_outputs_satisfy_their_constraints_and_end_with_eos(
     model, tokenizer, vocab, engine_cls, seed
@@ -167,7 +145,7 @@ def test_sampled_outputs_satisfy_their_constraints_and_end_with_eos(
     assert proc.dead_rows_total == 0
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_num_return_sequences_rows_share_their_prompts_constraint(
     model, tokenizer, vocab, engine_cls
 ):
@@ -187,7 +165,7 @@ def test_num_return_sequences_rows_share_their_prompts_constraint(
     assert all(re.fullmatch(REGEXES[0], text) for text in texts[3:])
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_beam_search_outputs_satisfy_the_constraint(model, tokenizer, vocab, engine_cls):
     engine = engine_cls(vocab)
     texts, ended, _ = generate(
@@ -206,7 +184,7 @@ def test_beam_search_outputs_satisfy_the_constraint(model, tokenizer, vocab, eng
     assert all(text in CHOICES for text in texts[2:])
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_unconstrained_rows_are_untouched(vocab, engine_cls):
     engine = engine_cls(vocab)
     proc = ConstraintLogitsProcessor(
@@ -220,7 +198,7 @@ def test_unconstrained_rows_are_untouched(vocab, engine_cls):
     assert torch.isfinite(scores[1]).nonzero().flatten().tolist() == list(vocab.eos_token_ids)
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_a_row_count_that_is_not_a_multiple_of_the_prompts_is_refused(vocab, engine_cls):
     engine = engine_cls(vocab)
     proc = ConstraintLogitsProcessor(engine, [None, None])

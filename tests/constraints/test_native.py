@@ -18,6 +18,7 @@ from serving.constraints.apply import _apply_torch_, apply_bitmask_
 from serving.constraints.engine import allocate_bitmask
 from serving.constraints.native import NativeEngine
 from serving.constraints.vocab import Vocabulary
+from tests.constraints.helpers import allowed_ids
 
 EOS = 256
 BYTE_VOCAB = Vocabulary.of([bytes([b]) for b in range(256)] + [b""], [EOS])
@@ -26,11 +27,6 @@ BYTE_VOCAB = Vocabulary.of([bytes([b]) for b in range(256)] + [b""], [EOS])
 @pytest.fixture(scope="module")
 def byte_engine() -> NativeEngine:
     return NativeEngine(BYTE_VOCAB)
-
-
-def allowed_ids(bitmask: np.ndarray, row: int, size: int) -> list[int]:
-    words = bitmask[row].view(np.uint32)
-    return [t for t in range(size) if (int(words[t >> 5]) >> (t & 31)) & 1]
 
 
 def run(engine: NativeEngine, constraint: dict, data: bytes) -> tuple[bool, bool]:

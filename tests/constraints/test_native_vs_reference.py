@@ -21,6 +21,7 @@ from serving.constraints.native import NativeEngine
 from serving.constraints.reference import ReferenceEngine
 from serving.constraints.spec import All, Choice, ConstraintSpec, Regex
 from serving.constraints.vocab import Vocabulary
+from tests.constraints.helpers import allowed_ids
 from tests.constraints.strategies import specs, vocabularies
 
 SETTINGS = settings(
@@ -28,11 +29,6 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-def allowed_ids(mask: np.ndarray, row: int, size: int) -> list[int]:
-    words = mask[row].view(np.uint32)
-    return [t for t in range(size) if (int(words[t >> 5]) >> (t & 31)) & 1]
 
 
 def compile_both(vocab: Vocabulary, spec: ConstraintSpec):

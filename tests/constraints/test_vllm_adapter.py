@@ -24,9 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-
-pytest.importorskip("vllm", reason="vLLM 0.24.0 (installed with --no-deps) provides the interface")
-
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import (
     BatchUpdate,
@@ -35,14 +32,11 @@ from vllm.v1.sample.logits_processor import (
     MoveDirectionality,
 )
 
+from serving.constraints.reference import ReferenceEngine
 from serving.constraints.spec import ConstraintError, ConstraintSpec, parse_constraint
 from serving.constraints.vllm_v1 import FQCN, ConstraintLogitsProcessor
 from serving.constraints.vocab import Vocabulary
-
-reference = pytest.importorskip(
-    "serving.constraints.reference", reason="the reference engine is the test oracle"
-)
-ReferenceEngine = reference.ReferenceEngine
+from tests.constraints.helpers import ENGINE_CLASSES
 
 TOKENS = [
     *(bytes([c]) for c in b"abcdegilnrtu0123-"),
@@ -78,18 +72,6 @@ CONSTRAINTS: list[Any] = [
     {"all": [{"choice": ["red"]}, {"banned_tokens": [IDS[b"r"], IDS[b"re"], IDS[b"red"]]}]},
     '{"choice": ["blue", "bluee"]}',  # the JSON-string form vllm_xargs carries
 ]
-
-
-def engine_classes() -> list[Any]:
-    params = [pytest.param(ReferenceEngine, id="reference")]
-    try:
-        from serving.constraints.native import NativeEngine
-    except ImportError as exc:  # pragma: no cover - only while the native engine is missing
-        reason = f"serving.constraints.native cannot be imported yet: {exc}"
-        params.append(pytest.param(None, id="native", marks=pytest.mark.skip(reason=reason)))
-    else:
-        params.append(pytest.param(NativeEngine, id="native"))
-    return params
 
 
 class Oracle:
@@ -329,7 +311,7 @@ class Simulator:
                 req.output.append(token)
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 @pytest.mark.parametrize("seed", range(int(os.environ.get("ADAPTER_SEEDS", 12))))
 def test_masks_follow_vllm_batch_updates_and_live_lists(engine_cls, seed):
     rng = random.Random(seed)
@@ -341,7 +323,7 @@ def test_masks_follow_vllm_batch_updates_and_live_lists(engine_cls, seed):
     assert sim.checked_rows > 0
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_partial_prefill_keeps_the_initial_state_until_the_first_token(engine_cls):
     proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 2)
     output: list[int] = []
@@ -361,7 +343,7 @@ def test_partial_prefill_keeps_the_initial_state_until_the_first_token(engine_cl
     assert {int(t) for t in torch.isfinite(logits[0]).nonzero().flatten()} == {IDS[b"e"]}
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_unconstrained_request_replacing_a_constrained_one_is_left_alone(engine_cls):
     proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 2)
     builder = BatchUpdateBuilder()
@@ -378,7 +360,7 @@ def test_unconstrained_request_replacing_a_constrained_one_is_left_alone(engine_
     assert torch.equal(logits, before)
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_removed_then_added_then_moved(engine_cls):
     """BatchUpdate's documented order: a slot both freed and refilled ends up with the new
     request, and a move into an occupied slot replaces the request there."""
@@ -402,7 +384,7 @@ def test_removed_then_added_then_moved(engine_cls):
     assert allowed == [{IDS[b"c"], EOS}, {IDS[b"b"], EOS}, set(range(VOCAB.size))]
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_dead_rows_are_forced_to_eos_logged_and_counted_once(engine_cls, caplog):
     proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 2)
     dead = SamplingParams(extra_args={"constraint": CONSTRAINTS[9]})
@@ -416,7 +398,7 @@ def test_dead_rows_are_forced_to_eos_logged_and_counted_once(engine_cls, caplog)
     assert any("dead" in record.getMessage() for record in caplog.records)
 
 
-@pytest.mark.parametrize("engine_cls", engine_classes())
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 def test_a_constraint_that_fails_to_compile_leaves_the_row_unconstrained(engine_cls, caplog):
     proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 1)
     bad = SamplingParams(extra_args={"constraint": {"allowed_tokens": [len(TOKENS) + 3]}})
@@ -507,7 +489,7 @@ def vllm_config(tokenizer_path: str, *, async_scheduling: bool, named: list[Any]
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory) -> str:
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     from transformers import PreTrainedTokenizerFast
 
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
