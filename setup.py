@@ -20,7 +20,8 @@ if sanitize:
         "-fno-omit-frame-pointer",
         "-fno-sanitize-recover=undefined",
     ]
-    compile_args = ["-O1", "-g", "-Wall", "-Wextra", "-pthread", *flags]
+    # -Werror here: ./dev test builds this in CI, so any warning fails the run.
+    compile_args = ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", *flags]
     link_args = ["-pthread", *flags]
 
 setup(
