@@ -51,6 +51,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._bitmask: np.ndarray | None = None
         self._fed: list[list[int]] = []
         self._finished: list[bool] = []
+        self._per_prompt = 1
         self._dead: set[int] = set()
         self._eos = frozenset(engine.vocab.eos_token_ids)
 
@@ -92,7 +93,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 f"generate passed {total} rows for {len(self.constraints)} prompts: expected "
                 "a multiple (num_return_sequences or num_beams rows per prompt)"
             )
-        per_prompt = total // len(self.constraints)
+        self._per_prompt = total // len(self.constraints)
         if self.prompt_length is None:
             self.prompt_length = input_ids.shape[1]
         self._batch = self.engine.new_batch(total)
@@ -100,9 +101,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._fed = [[] for _ in range(total)]
         self._finished = [False] * total
         for row in range(total):
-            compiled = self.constraints[row // per_prompt]
+            compiled = self._constraint_of(row)
             if compiled is not None:
                 self._batch.add(row, compiled)
+
+    def _constraint_of(self, row: int) -> Any | None:
+        """``generate`` repeats each prompt ``k`` times in a row, so row r is prompt r // k."""
+        return self.constraints[row // self._per_prompt]
 
     def _sync(self, row: int, history: list[int]) -> None:
         """Feed ``row`` what it generated since the last call (up to its first EOS)."""
@@ -111,7 +116,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         fed = self._fed[row]
         if history[: len(fed)] != fed:
             # Another beam's history now sits in this row: start the row over.
-            batch.add(row, self.constraints[row * len(self.constraints) // batch.max_rows])
+            batch.add(row, self._constraint_of(row))
             self._dead.discard(row)
             fed.clear()
             self._finished[row] = False

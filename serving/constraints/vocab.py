@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -77,24 +78,13 @@ class Vocabulary:
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-to-printable-character table: printable Latin-1 bytes map
-    to themselves, the others to consecutive code points from U+0100."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("\u00a1"), ord("\u00ac") + 1),
-        *range(ord("\u00ae"), ord("\u00ff") + 1),
-    ]
-    table: dict[str, int] = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-printable-character table, from transformers itself
+    (imported here: a tokenizer to read implies transformers is installed)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-
-_BYTE_DECODER = _gpt2_byte_decoder()
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _component_types(config: Any) -> set[str]:
@@ -149,8 +139,9 @@ def _added_contents(tokenizer: Any) -> dict[int, str]:
 
 def _piece_bytes(piece: str, style: str) -> bytes:
     if style == "bytelevel":
-        if all(ch in _BYTE_DECODER for ch in piece):
-            return bytes(_BYTE_DECODER[ch] for ch in piece)
+        decoder = _byte_decoder()
+        if all(ch in decoder for ch in piece):
+            return bytes(decoder[ch] for ch in piece)
         return piece.encode("utf-8")
     if style == "metaspace":
         fallback = _BYTE_FALLBACK.match(piece)
