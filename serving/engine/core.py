@@ -1,0 +1,565 @@
+"""The CPU engine: a Hugging Face causal LM behind a batching decode loop.
+
+One scheduler thread owns the model. Requests wait in a queue; at every iteration the loop
+admits waiting requests as a new *cohort* (one batch with its own KV cache, prefilled
+together) and then advances every cohort by one token. A request therefore starts within one
+iteration of arriving instead of waiting for the batch in flight to finish, and rows leave
+their cohort's cache as soon as they finish. That is iteration-level batching without merging
+caches of different lengths, which a small in-process engine does not need.
+
+Callers use :meth:`Engine.generate` from asyncio; the loop hands each step's :class:`Delta` to
+the caller's event loop thread-safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from serving.engine.constraints import CohortMasks, CompiledConstraints, ConstraintCompiler
+from serving.engine.model import LoadedModel, load_model, read_engine_config
+from serving.engine.stats import EngineStats, FinishedRequest, NullStats
+from serving.engine.types import (
+    Delta,
+    EngineUnavailableError,
+    GenerateRequest,
+    InvalidRequestError,
+    TokenLogprob,
+)
+
+logger = logging.getLogger("serving.engine")
+
+MAX_COHORTS = 4
+_DONE = object()
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One request's decode state, owned by the scheduler thread once admitted."""
+
+    request: GenerateRequest
+    prompt_ids: list[int]
+    constraints: CompiledConstraints | None
+    emit: Any  # callable(Delta | Exception | _DONE), thread-safe
+    arrived: float
+    generator: torch.Generator
+    output_ids: list[int] = field(default_factory=list)
+    emitted_text: str = ""
+    cumulative_logprob: float = 0.0
+    scheduled: float = 0.0
+    first_token: float = 0.0
+    last_token: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    aborted: bool = False
+
+
+class _Cohort:
+    """Rows prefilled together, sharing one KV cache; finished rows are dropped from it."""
+
+    def __init__(self, engine: Engine, sequences: list[_Sequence]) -> None:
+        self.engine = engine
+        self.sequences = sequences
+        self.slots = list(range(len(sequences)))  # slot of each live row, in cache order
+        assert engine.compiler is not None  # cohorts exist only in generative engines
+        self.masks = CohortMasks(engine.compiler, [s.constraints for s in sequences])
+        self.cache: Any = None
+        self.attention: torch.Tensor | None = None
+
+    @property
+    def live(self) -> list[_Sequence]:
+        return [self.sequences[s] for s in self.slots]
+
+    def prefill(self) -> torch.Tensor:
+        prompts = [s.prompt_ids for s in self.sequences]
+        width = max(map(len, prompts))
+        pad = self.engine.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+        self.attention = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long
+        )
+        positions = (self.attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.engine.model(
+            input_ids=ids,
+            attention_mask=self.attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache = out.cache
+        return out.logits[:, -1, :].float()
+
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        assert self.attention is not None
+        ids = torch.tensor(tokens, dtype=torch.long)[:, None]
+        ones = torch.ones((len(tokens), 1), dtype=torch.long)
+        self.attention = torch.cat([self.attention, ones], dim=1)
+        positions = self.attention.sum(-1, keepdim=True) - 1
+        out = self.engine.model(
+            input_ids=ids,
+            attention_mask=self.attention,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.cache
+        return out.logits[:, -1, :].float()
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep only the rows at positions ``keep`` (indices into the live rows)."""
+        if len(keep) == len(self.slots):
+            return
+        for i, slot in enumerate(self.slots):
+            if i not in keep:
+                self.masks.release(slot)
+        self.slots = [self.slots[i] for i in keep]
+        if keep:
+            index = torch.tensor(keep, dtype=torch.long)
+            self.cache.batch_select_indices(index)
+            assert self.attention is not None
+            self.attention = self.attention[index]
+
+
+class Engine:
+    """A loaded model and its decode loop. Build it with :func:`load_engine`."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        name: str,
+        version: str = "1",
+        stats: EngineStats | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.kind = loaded.config.kind
+        self.max_model_len = loaded.max_model_len
+        self.max_num_seqs = loaded.config.max_num_seqs
+        self.max_logprobs = loaded.config.max_logprobs
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.pad_token_id = int(self.tokenizer.pad_token_id)
+        self.stats: EngineStats = stats or NullStats()
+        self.compiler = (
+            ConstraintCompiler(self.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
+            if self.kind == "generate"
+            else None
+        )
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._cohorts: list[_Cohort] = []
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._draining = False
+        self._stopped = False
+        self._embed_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+        self._thread.start()
+
+    # --- public API -----------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._thread.is_alive() and not self._draining and not self._stopped
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def begin_drain(self) -> None:
+        """Refuse new requests; those already admitted run to completion."""
+        self._draining = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self._in_flight == 0
+
+    def shutdown(self) -> None:
+        """Stop the loop; requests still running end with ``finish_reason="abort"``."""
+        self._draining = True
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta]:
+        """Stream the request's deltas; the last has ``finish_reason`` set.
+
+        Raises :class:`InvalidRequestError` before the first delta when the request cannot be
+        served; closing the iterator early aborts the request."""
+        self._check_accepting()
+        if self.kind != "generate":
+            raise InvalidRequestError(
+                f"model {self.name} is an embedding model; it does not generate"
+            )
+        arrived = time.monotonic()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        sequence = await asyncio.to_thread(self._admit, request, arrived)
+
+        def emit(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the caller's loop is gone: nobody is listening any more
+                sequence.aborted = True
+
+        sequence.emit = emit
+        self._enqueue(sequence)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                sequence.aborted = True  # read by the loop at its next step
+
+    async def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """L2-normalized embeddings of ``texts`` and the number of prompt tokens."""
+        self._check_accepting()
+        if self.kind != "embed":
+            raise InvalidRequestError(f"model {self.name} generates text; it has no embeddings")
+        if not texts or not all(isinstance(t, str) and t for t in texts):
+            raise InvalidRequestError("input must be one or more non-empty strings")
+        self._in_flight += 1
+        try:
+            return await asyncio.to_thread(self._embed, texts)
+        finally:
+            self._in_flight -= 1
+
+    # --- admission (caller's thread) --------------------------------------------------------
+
+    def _check_accepting(self) -> None:
+        if self._draining or self._stopped:
+            raise EngineUnavailableError(f"model {self.name} is shutting down; retry elsewhere")
+        if not self._thread.is_alive():
+            raise EngineUnavailableError(f"model {self.name}'s engine loop has stopped")
+
+    def _admit(self, request: GenerateRequest, arrived: float) -> _Sequence:
+        options = request.options
+        if request.prompt_token_ids is not None:
+            prompt_ids = list(request.prompt_token_ids)
+        else:
+            prompt_ids = self.tokenizer.encode(request.prompt, add_special_tokens=True)
+        if not prompt_ids:
+            raise InvalidRequestError("text_input is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                f"{self.max_model_len} tokens"
+            )
+        if options.logprobs is not None and options.logprobs > self.max_logprobs:
+            raise InvalidRequestError(
+                f"logprobs must be at most {self.max_logprobs} for this model"
+            )
+        vocab = self.loaded.vocab_size
+        if any(t >= vocab for t in options.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
+        assert self.compiler is not None
+        constraints = self.compiler.compile(options)
+        generator = torch.Generator()
+        seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "little")
+        generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+        return _Sequence(request, prompt_ids, constraints, None, arrived, generator)
+
+    def _enqueue(self, sequence: _Sequence) -> None:
+        with self._cond:
+            self._check_accepting()
+            self._waiting.append(sequence)
+            self._in_flight += 1
+            self._cond.notify()
+
+    # --- the loop (scheduler thread) --------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not self._stopped and not self._waiting and not self._cohorts:
+                    self._cond.wait()
+                if self._stopped:
+                    break
+                admitted = self._take_waiting()
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._start_cohort(admitted)
+                    for cohort in list(self._cohorts):
+                        self._step(cohort)
+            except Exception as exc:  # a model failure must not hang every caller
+                logger.exception("engine %s: decode step failed", self.name)
+                for cohort in self._cohorts:
+                    for seq in cohort.live:
+                        self._fail(seq, exc)
+                self._cohorts.clear()
+            running = sum(len(c.slots) for c in self._cohorts)
+            self.stats.on_scheduler_step(running, len(self._waiting), running / self.max_num_seqs)
+        for cohort in self._cohorts:
+            for seq in cohort.live:
+                self._finish(seq, "abort")
+        for seq in self._waiting:
+            self._finish(seq, "abort")
+
+    def _take_waiting(self) -> list[_Sequence]:
+        running = sum(len(c.slots) for c in self._cohorts)
+        free = self.max_num_seqs - running
+        if free <= 0 or len(self._cohorts) >= MAX_COHORTS:
+            return []
+        taken: list[_Sequence] = []
+        while self._waiting and len(taken) < free:
+            seq = self._waiting.popleft()
+            if seq.aborted:
+                self._finish(seq, "abort")
+                continue
+            taken.append(seq)
+        return taken
+
+    def _start_cohort(self, sequences: list[_Sequence]) -> None:
+        now = time.monotonic()
+        for seq in sequences:
+            seq.scheduled = now
+            self.stats.on_prefill(len(seq.prompt_ids), len(seq.prompt_ids), 0)
+        cohort = _Cohort(self, sequences)
+        logits = cohort.prefill()
+        self._cohorts.append(cohort)
+        self._sample_and_emit(cohort, logits)
+
+    def _step(self, cohort: _Cohort) -> None:
+        if not cohort.slots:
+            self._cohorts.remove(cohort)
+            return
+        tokens = [seq.output_ids[-1] for seq in cohort.live]
+        logits = cohort.decode(tokens)
+        self._sample_and_emit(cohort, logits)
+
+    def _sample_and_emit(self, cohort: _Cohort, logits: torch.Tensor) -> None:
+        raw = logits
+        logits = logits.clone()
+        live = cohort.live
+        for i, seq in enumerate(live):
+            if len(seq.output_ids) < seq.request.options.min_tokens:
+                banned = list(self.eos_token_ids | set(seq.request.options.stop_token_ids))
+                logits[i, banned] = -float("inf")
+        cohort.masks.apply_(logits, cohort.slots)
+        logprobs = torch.log_softmax(raw, dim=-1)
+        now = time.monotonic()
+        keep, latencies = [], []
+        for i, seq in enumerate(live):
+            if seq.aborted:
+                self._finish(seq, "abort")
+                continue
+            token = self._sample(seq, logits[i])
+            cohort.masks.accept(cohort.slots[i], token)
+            if seq.first_token:
+                latencies.append(now - seq.last_token)
+            else:
+                seq.first_token = now
+                self.stats.on_first_token(now - seq.arrived)
+            seq.last_token = now
+            seq.output_ids.append(token)
+            token_logprob = float(logprobs[i, token])
+            seq.cumulative_logprob += token_logprob
+            top = (
+                self._top_logprobs(seq, logprobs[i], token)
+                if seq.request.options.logprobs is not None
+                else None
+            )
+            self._check_finished(seq, token)
+            self._emit_delta(seq, token, top)
+            if seq.finish_reason is None:
+                keep.append(i)
+            else:
+                self._finish(seq, seq.finish_reason)
+        self.stats.on_tokens(len(live), latencies)
+        cohort.keep(keep)
+        if not cohort.slots and cohort in self._cohorts:
+            self._cohorts.remove(cohort)
+
+    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> int:
+        options = seq.request.options
+        if not torch.isfinite(logits).any():
+            # Nothing is allowed (a dead constraint): end the request rather than emit noise.
+            return min(self.eos_token_ids) if self.eos_token_ids else int(raw_argmax(logits))
+        if options.temperature == 0:
+            return int(torch.argmax(logits))
+        scores = logits / options.temperature
+        if options.top_k > 0 and options.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, options.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, -float("inf"))
+        if options.top_p < 1:
+            ordered, order = torch.sort(scores, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
+            drop = cumulative - torch.softmax(ordered, dim=-1) > options.top_p
+            scores = scores.scatter(0, order, ordered.masked_fill(drop, -float("inf")))
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def _top_logprobs(
+        self, seq: _Sequence, logprobs: torch.Tensor, token: int
+    ) -> tuple[TokenLogprob, ...]:
+        k = seq.request.options.logprobs or 0
+        chosen = float(logprobs[token])
+        rank = int((logprobs > chosen).sum()) + 1
+        entries = [TokenLogprob(token, chosen, rank, self._piece(token))]
+        if k:
+            values, ids = torch.topk(logprobs, k)
+            for r, (value, tid) in enumerate(zip(values.tolist(), ids.tolist(), strict=True), 1):
+                if tid != token:
+                    entries.append(TokenLogprob(tid, value, r, self._piece(tid)))
+        return tuple(entries)
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def _check_finished(self, seq: _Sequence, token: int) -> None:
+        options = seq.request.options
+        if token in self.eos_token_ids and not options.ignore_eos:
+            seq.finish_reason = "stop"
+        elif token in options.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif (
+            len(seq.output_ids) >= options.max_tokens
+            or len(seq.prompt_ids) + len(seq.output_ids) >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+
+    def _emit_delta(self, seq: _Sequence, token: int, top: tuple[TokenLogprob, ...] | None) -> None:
+        options = seq.request.options
+        ids = seq.output_ids
+        if seq.finish_reason == "stop" and seq.stop_reason is None and not options.ignore_eos:
+            ids = ids[:-1]  # EOS is not text
+        elif seq.stop_reason is not None and not options.include_stop_str_in_output:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=options.skip_special_tokens)
+        if options.stop:
+            start = max(0, len(seq.emitted_text) - max(map(len, options.stop)))
+            hits = [(text.find(s, start), s) for s in options.stop if text.find(s, start) >= 0]
+            if hits:
+                at, stop = min(hits)
+                text = text[: at + len(stop)] if options.include_stop_str_in_output else text[:at]
+                seq.finish_reason, seq.stop_reason = "stop", stop
+        if seq.finish_reason is None:
+            if text.endswith("\ufffd"):
+                text = text[: len(seq.emitted_text)]  # an incomplete UTF-8 sequence: wait
+            elif options.stop:
+                hold = max(map(len, options.stop)) - 1  # could be the start of a stop string
+                text = text[: max(len(seq.emitted_text), len(text) - hold)]
+        new_text = text[len(seq.emitted_text) :] if text.startswith(seq.emitted_text) else text
+        seq.emitted_text = text
+        seq.emit(
+            Delta(
+                text=new_text,
+                token_ids=(token,),
+                num_input_tokens=len(seq.prompt_ids),
+                num_output_tokens=len(seq.output_ids),
+                cumulative_logprob=seq.cumulative_logprob,
+                logprobs=(top,) if top is not None else None,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
+        )
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        if reason == "abort" and seq.finish_reason is None:
+            seq.finish_reason = "abort"
+            seq.emit(
+                Delta(
+                    text="",
+                    token_ids=(),
+                    num_input_tokens=len(seq.prompt_ids),
+                    num_output_tokens=len(seq.output_ids),
+                    cumulative_logprob=seq.cumulative_logprob,
+                    finish_reason="abort",
+                )
+            )
+        seq.emit(_DONE)
+        now = time.monotonic()
+        scheduled = seq.scheduled or now
+        first = seq.first_token or now
+        last = seq.last_token or now
+        self.stats.on_finished(
+            FinishedRequest(
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt_ids),
+                generation_tokens=len(seq.output_ids),
+                max_tokens=seq.request.options.max_tokens,
+                n=1,
+                queue_time=scheduled - seq.arrived,
+                prefill_time=first - scheduled,
+                decode_time=last - first,
+                inference_time=last - scheduled,
+                e2e_latency=now - seq.arrived,
+            )
+        )
+        with self._cond:
+            self._in_flight -= 1
+
+    def _fail(self, seq: _Sequence, exc: Exception) -> None:
+        seq.finish_reason = "abort"
+        seq.emit(EngineUnavailableError(f"model {self.name} failed while decoding: {exc}"))
+        self._finish(seq, "abort")
+
+    # --- embeddings -----------------------------------------------------------------------
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        with self._embed_lock, torch.inference_mode():
+            batch = self.tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_model_len,
+                return_tensors="pt",
+            )
+            hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            if self.loaded.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled.float(), dim=-1)
+            return pooled.numpy(), int(batch["attention_mask"].sum())
+
+
+def raw_argmax(logits: torch.Tensor) -> int:
+    return int(torch.argmax(torch.nan_to_num(logits, neginf=-1e30)))
+
+
+def load_engine(model_dir: Path, *, name: str, stats: EngineStats | None = None) -> Engine:
+    """Load ``model_dir`` (a repository's ``<name>/<version>/`` holding ``model.json``) and start
+    its decode loop. Slow: it reads the weights. Raises :class:`ModelLoadError`."""
+    model_dir = Path(model_dir)
+    config = read_engine_config(model_dir)
+    started = time.monotonic()
+    loaded = load_model(config)
+    if config.seed is not None:
+        torch.manual_seed(config.seed)
+    engine = Engine(loaded, name=name, version=model_dir.name, stats=stats)
+    logger.info(
+        "engine %s loaded %s (%s) in %.1fs",
+        name,
+        config.weights,
+        config.kind,
+        time.monotonic() - started,
+    )
+    return engine

@@ -1,0 +1,232 @@
+"""Triton's vLLM-backend ``sampling_parameters`` JSON → :class:`SamplingOptions`, strictly.
+
+Triton's backend casts the keys it knows and *silently* drops the whole parameter set when
+anything fails to parse (``TritonSamplingParams.from_dict`` logs and returns ``None``). This
+engine speaks the same payload but refuses what it cannot honour, naming the key, so a caller
+never gets unconstrained or unpenalized output it did not ask for.
+
+The payload is vLLM's ``SamplingParams`` by field name. ``structured_outputs`` is itself a JSON
+*string* holding vLLM's ``StructuredOutputsParams`` (exactly as Triton's backend expects), and
+``extra_args`` may carry the platform's own ``{"constraint": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from serving.constraints.spec import EXTRA_ARGS_KEY, ConstraintError, parse_constraint
+from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
+
+# Keys accepted with any value the engine can act on.
+_INT = {"max_tokens", "min_tokens", "top_k", "seed", "logprobs"}
+_FLOAT = {"temperature", "top_p"}
+_BOOL = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
+# vLLM keys accepted only at their no-op value (anything else would be silently ignored here).
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "best_of": (None, 1),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "prompt_logprobs": (None,),
+    "detokenize": (True,),
+    "spaces_between_special_tokens": (True,),
+    "logit_bias": (None, {}),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "truncate_prompt_tokens": (None,),
+    "lora_name": (None, ""),
+    "output_kind": (None,),
+}
+STRUCTURED_KEYS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+_STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_additional_properties"}
+_UNSUPPORTED_OPTIONS = {"disable_additional_properties", "whitespace_pattern"}
+MAX_TOKENS_LIMIT = 1 << 20
+MAX_STOP_STRINGS = 16
+
+
+def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> SamplingOptions:
+    """Parse the ``sampling_parameters`` tensor (a JSON object) into options.
+
+    Raises :class:`InvalidRequestError` naming the offending key."""
+    if raw is None or raw == "" or raw == b"":
+        return SamplingOptions()
+    if isinstance(raw, str | bytes):
+        try:
+            params = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(f"sampling_parameters is not valid JSON: {exc.msg}") from None
+    else:
+        params = raw
+    if not isinstance(params, dict):
+        raise InvalidRequestError("sampling_parameters must be a JSON object")
+    values: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in _INT:
+            values[key] = _int(key, value)
+        elif key in _FLOAT:
+            values[key] = _float(key, value)
+        elif key in _BOOL:
+            values[key] = _bool(key, value)
+        elif key == "stop":
+            values["stop"] = _stop(value)
+        elif key == "stop_token_ids":
+            values["stop_token_ids"] = _token_ids(key, value)
+        elif key == "structured_outputs":
+            values["structured"] = parse_structured_outputs(value)
+        elif key == "guided_decoding":
+            raise InvalidRequestError(
+                "sampling_parameters.guided_decoding is the pre-0.11 vLLM name; send "
+                "structured_outputs (a JSON string of StructuredOutputsParams)"
+            )
+        elif key == "extra_args":
+            values.update(_extra_args(value))
+        elif key in _NO_OP_VALUES:
+            if value not in _NO_OP_VALUES[key]:
+                raise InvalidRequestError(
+                    f"sampling_parameters.{key}={value!r} is not supported by this engine"
+                )
+        else:
+            raise InvalidRequestError(f"sampling_parameters.{key} is not a known parameter")
+    return _checked(SamplingOptions(**values))
+
+
+def parse_structured_outputs(value: Any) -> StructuredOutput:
+    """vLLM's ``StructuredOutputsParams`` from its JSON string (Triton's encoding) or object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(
+                f"structured_outputs is not valid JSON: {exc.msg} (Triton's vLLM backend expects "
+                "a JSON-encoded string of StructuredOutputsParams)"
+            ) from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("structured_outputs must be a JSON object")
+    unknown = set(value) - set(STRUCTURED_KEYS) - _STRUCTURED_OPTIONS - {"whitespace_pattern"}
+    unknown -= {k for k in value if k.startswith("_")}  # vLLM's private _backend fields
+    if unknown:
+        raise InvalidRequestError(f"structured_outputs.{sorted(unknown)[0]} is not known")
+    for option in _UNSUPPORTED_OPTIONS:
+        if value.get(option) not in (None, False):
+            raise InvalidRequestError(f"structured_outputs.{option} is not supported")
+    compact = value.get("disable_any_whitespace") or False
+    if not isinstance(compact, bool):
+        raise InvalidRequestError("structured_outputs.disable_any_whitespace must be true or false")
+    kinds = [k for k in STRUCTURED_KEYS if value.get(k) is not None]
+    if len(kinds) != 1:
+        raise InvalidRequestError(
+            f"structured_outputs must set exactly one of {', '.join(STRUCTURED_KEYS)}"
+            f" (got {', '.join(kinds) or 'none'})"
+        )
+    kind, spec = kinds[0], value[kinds[0]]
+    if kind == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(f"structured_outputs.json: {exc.msg}") from None
+        if not isinstance(spec, dict):
+            raise InvalidRequestError("structured_outputs.json must be a JSON schema object")
+        return StructuredOutput(json_schema=spec, disable_any_whitespace=compact)
+    if kind == "json_object":
+        if spec is not True:
+            raise InvalidRequestError("structured_outputs.json_object must be true")
+        return StructuredOutput(json_object=True, disable_any_whitespace=compact)
+    if kind == "regex":
+        if not isinstance(spec, str) or not spec:
+            raise InvalidRequestError("structured_outputs.regex must be a non-empty string")
+        return StructuredOutput(regex=spec)
+    if kind == "choice":
+        if (
+            not isinstance(spec, list)
+            or not spec
+            or not all(isinstance(s, str) and s for s in spec)
+        ):
+            raise InvalidRequestError(
+                "structured_outputs.choice must be a non-empty list of non-empty strings"
+            )
+        return StructuredOutput(choice=tuple(spec))
+    if kind == "grammar":
+        if not isinstance(spec, str) or not spec.strip():
+            raise InvalidRequestError("structured_outputs.grammar must be a non-empty string")
+        return StructuredOutput(grammar=spec)
+    raise InvalidRequestError(f"structured_outputs.{kind} is not supported by this engine")
+
+
+def _extra_args(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequestError("sampling_parameters.extra_args must be an object")
+    unknown = set(value) - {EXTRA_ARGS_KEY}
+    if unknown:
+        raise InvalidRequestError(
+            f"sampling_parameters.extra_args.{sorted(unknown)[0]} is not known"
+        )
+    if EXTRA_ARGS_KEY not in value:
+        return {}
+    try:
+        return {"constraint": parse_constraint(value[EXTRA_ARGS_KEY])}
+    except ConstraintError as exc:
+        raise InvalidRequestError(f"extra_args.constraint: {exc}") from None
+
+
+def _int(key: str, value: Any) -> int | None:
+    if value is None and key in ("seed", "logprobs"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise InvalidRequestError(f"sampling_parameters.{key} must be an integer")
+    return int(value)
+
+
+def _float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"sampling_parameters.{key} must be a finite number")
+    return float(value)
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"sampling_parameters.{key} must be true or false")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequestError("sampling_parameters.stop must be a string or list of strings")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"sampling_parameters.stop: at most {MAX_STOP_STRINGS} strings")
+    return tuple(stops)
+
+
+def _token_ids(key: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise InvalidRequestError(f"sampling_parameters.{key} must be a list of token IDs")
+    return tuple(value)
+
+
+def _checked(options: SamplingOptions) -> SamplingOptions:
+    if not 1 <= options.max_tokens <= MAX_TOKENS_LIMIT:
+        raise InvalidRequestError(f"sampling_parameters.max_tokens must be 1..{MAX_TOKENS_LIMIT}")
+    if not 0 <= options.min_tokens <= options.max_tokens:
+        raise InvalidRequestError("sampling_parameters.min_tokens must be 0..max_tokens")
+    if options.temperature < 0:
+        raise InvalidRequestError("sampling_parameters.temperature must be >= 0")
+    if not 0 < options.top_p <= 1:
+        raise InvalidRequestError("sampling_parameters.top_p must be in (0, 1]")
+    if options.top_k < -1:
+        raise InvalidRequestError("sampling_parameters.top_k must be -1, 0 or positive")
+    if options.logprobs is not None and not 0 <= options.logprobs <= 20:
+        raise InvalidRequestError("sampling_parameters.logprobs must be 0..20")
+    return options

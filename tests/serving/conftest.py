@@ -1,0 +1,38 @@
+"""Shared serving fixtures: a tiny random-weights model made locally, and a Triton model
+repository pointing at it, laid out as an unpacked package is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from serving.demo_model import make_demo_model
+
+MODEL_NAME = "demo--tiny"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory) -> Path:
+    return make_demo_model(tmp_path_factory.mktemp("demo-model") / "weights")
+
+
+def write_repository(root: Path, weights: Path, *, name: str = MODEL_NAME, **engine_args) -> Path:
+    """``root/<name>/config.pbtxt`` + ``root/<name>/1/model.json``, as the portal packages a
+    vLLM-backend version."""
+    model_dir = root / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "vllm"\nmax_batch_size: 0\n'
+        "model_transaction_policy { decoupled: true }\n"
+        "instance_group { count: 1 kind: KIND_MODEL }\n"
+    )
+    args = {"model": str(weights), "tokenizer": str(weights), "disable_log_stats": False}
+    (model_dir / "1" / "model.json").write_text(json.dumps({**args, **engine_args}))
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory, demo_model_dir) -> Path:
+    return write_repository(tmp_path_factory.mktemp("repository"), demo_model_dir, max_num_seqs=8)
