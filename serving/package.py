@@ -1,4 +1,4 @@
-"""Unpack a model package safely at instance start-up.
+"""The model package format: written by the portal, unpacked safely at instance start-up.
 
 A package is a tar archive built by the portal: a Triton model repository plus
 ``manifest.json`` listing every file with its sha256 and size. The archive crosses a trust
@@ -11,6 +11,7 @@ package is never visible at ``target``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -21,8 +22,42 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
 CHUNK = 1 << 20
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def file_entries(files: dict[str, bytes]) -> list[dict[str, Any]]:
+    """The manifest's ``files`` list: every member but the manifest, with sha256 and size."""
+    return [
+        {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        for path, data in sorted(files.items())
+    ]
+
+
+def archive_bytes(files: dict[str, bytes], manifest: dict[str, Any]) -> bytes:
+    """A byte-for-byte reproducible tar of ``files`` plus the manifest: sorted members, fixed
+    times, owners and modes, so the same inputs always give the same digest."""
+    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=2) + "\n").encode()
+    members = {**files, MANIFEST_NAME: manifest_bytes}
+    directories = sorted({str(PurePosixPath(path).parent) for path in members} - {"."})
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for directory in directories:
+            tar.addfile(_tarinfo(directory + "/", tarfile.DIRTYPE, 0o755))
+        for path in sorted(members):
+            info = _tarinfo(path, tarfile.REGTYPE, 0o644)
+            info.size = len(members[path])
+            tar.addfile(info, io.BytesIO(members[path]))
+    return buffer.getvalue()
+
+
+def _tarinfo(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
 
 
 class UnsafePackageError(ValueError):
@@ -92,7 +127,7 @@ def _manifest_checks(manifest: Any) -> dict[PurePosixPath, tuple[str, int]]:
     Strict on purpose: ``int("12")`` or ``True`` as a size, or a format this code does not
     know, means the package was not built by a portal this instance understands.
     """
-    if not isinstance(manifest, dict) or manifest.get("format") != 1:
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise UnsafePackageError(f"{MANIFEST_NAME} is malformed: not an object with format 1")
     entries = manifest.get("files")
     if not isinstance(entries, list):

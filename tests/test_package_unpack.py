@@ -90,7 +90,7 @@ def test_good_package_round_trips(here):
 
 def test_portal_built_package_unpacks(here):
     """The packaging code's archive format and this extractor agree."""
-    from portal.registry.packaging import archive_bytes  # pure function, no database
+    from serving.package import archive_bytes
 
     files = {"team--m/config.pbtxt": b'name: "team--m"\n', "team--m/3/model.json": b"{}\n"}
     manifest = json.loads(manifest_of(files))

@@ -13,7 +13,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from portal.core.transitions import transition_version
 from portal.registry.models import ApiSurface, Backend, ModelVersion, PlatformRelease, VersionState
 from portal.registry.packaging import (
-    MANIFEST_NAME,
     PackagingError,
     build_package,
     package_version,
@@ -22,6 +21,7 @@ from portal.registry.packaging import (
 from portal.registry.services import set_default_release
 from portal.registry.tasks import package_version_task
 from serving.constraints import LOGITS_PROCESSOR
+from serving.package import MANIFEST_NAME
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db

@@ -11,10 +11,8 @@ package: the release's serving image fixes it.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +30,7 @@ from portal.registry.validation import (
     validate_python_model,
 )
 from serving.constraints import LOGITS_PROCESSOR
-
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = 1
+from serving.package import MANIFEST_FORMAT, archive_bytes, file_entries
 
 
 class PackagingError(Exception):
@@ -174,38 +170,11 @@ def manifest_for(version: ModelVersion, files: dict[str, bytes]) -> dict[str, An
         "weights": str(weights_dir(version)),
         # An input, not the build time, so the same inputs always give the same digest.
         "created_at": version.created_at.isoformat(),
-        "files": [
-            {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-            for path, data in sorted(files.items())
-        ],
+        "files": file_entries(files),
     }
 
 
-# --- archive --------------------------------------------------------------------------------
-
-
-def archive_bytes(files: dict[str, bytes], manifest: dict[str, Any]) -> bytes:
-    """A byte-for-byte reproducible tar: sorted members, fixed times, owners and modes."""
-    members = {**files, MANIFEST_NAME: _json_bytes(manifest)}
-    directories = sorted({str(Path(path).parent) for path in members} - {"."})
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for directory in directories:
-            info = _tarinfo(directory + "/", tarfile.DIRTYPE, 0o755)
-            tar.addfile(info)
-        for path in sorted(members):
-            info = _tarinfo(path, tarfile.REGTYPE, 0o644)
-            info.size = len(members[path])
-            tar.addfile(info, io.BytesIO(members[path]))
-    return buffer.getvalue()
-
-
-def _tarinfo(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.mtime = kind, mode, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
+# --- archive (the format itself lives with its reader, in serving.package) ---------------
 
 
 def store(data: bytes) -> tuple[str, Path]:
