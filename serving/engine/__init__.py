@@ -1,6 +1,5 @@
-"""The CPU engine: a Hugging Face model behind a batching loop (see :mod:`serving.engine.core`)."""
+"""The CPU engine: a Hugging Face model behind a batching loop (see :mod:`serving.engine.core`).
 
-from serving.engine.core import Engine, load_engine
-from serving.engine.model import ModelLoadError
-
-__all__ = ["Engine", "ModelLoadError", "load_engine"]
+Nothing is imported here: the OpenAI front end uses this package's request parser
+(:mod:`serving.engine.sampling_params`) and must not pull torch in with it.
+"""

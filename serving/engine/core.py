@@ -365,11 +365,13 @@ class Engine:
         logprobs = torch.log_softmax(raw, dim=-1)
         now = time.monotonic()
         keep, latencies = [], []
+        sampled = 0
         for i, seq in enumerate(live):
             if seq.aborted:
                 self._finish(seq, "abort")
                 continue
             token = self._sample(seq, logits[i])
+            sampled += 1
             cohort.masks.accept(cohort.slots[i], token)
             if seq.first_token:
                 latencies.append(now - seq.last_token)
@@ -391,7 +393,7 @@ class Engine:
                 keep.append(i)
             else:
                 self._finish(seq, seq.finish_reason)
-        self.stats.on_tokens(len(live), latencies)
+        self.stats.on_tokens(sampled, latencies)
         cohort.keep(keep)
         if not cohort.slots and cohort in self._cohorts:
             self._cohorts.remove(cohort)

@@ -9,7 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from serving.engine import Engine, ModelLoadError, load_engine
+from serving.engine.core import Engine, load_engine
+from serving.engine.model import ModelLoadError
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.stats import FinishedRequest, NullStats
 from serving.engine.types import (

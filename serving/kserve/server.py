@@ -1,0 +1,166 @@
+"""Run the KServe v2 gRPC + HTTP servers and the Triton-style metrics endpoint in one loop.
+
+The order is the platform's start-up contract: engines are loaded first (by the caller, or by
+:func:`load_repository`) with every port closed; the ports open together only once each engine
+reports ready, and then one ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` line goes to
+stdout. On SIGTERM/SIGINT the servers stop accepting inference (readiness turns false, new
+requests are refused as unavailable), in-flight requests run to completion within the drain
+timeout, and then the servers close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.engine.core import Engine, load_engine
+from serving.engine.model import read_engine_config
+from serving.engine.stats import EngineStats
+from serving.kserve.grpc_server import start_grpc_server
+from serving.kserve.http_server import build_app
+from serving.kserve.repository import ModelEntry
+from serving.kserve.service import InferenceService
+from serving.kserve.triton_metrics import render
+
+logger = logging.getLogger("serving.kserve")
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: shutdown is ours to order (drain first)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def metrics_app(service: InferenceService) -> Starlette:
+    async def metrics(request: Request) -> Response:
+        return Response(render(service.stats), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+def engine_stats(model_name: str, max_model_len: int | None = None) -> EngineStats | None:
+    """vLLM-named metrics in prometheus multiprocess mode, when this process is set up for it.
+
+    ``max_model_len`` bounds the token-count histogram buckets as vLLM does; the engine's own
+    limit is only known after loading, so the configured one (if any) is used."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    from serving.metrics.vllm_metrics import VllmMetrics  # prometheus-client reads the env var
+
+    stats: EngineStats = VllmMetrics(model_name, max_model_len=max_model_len)
+    return stats
+
+
+def load_repository(entries: list[ModelEntry]) -> list[Engine]:
+    """Load every model (slow: weights are read); raises on the first that fails."""
+    engines = []
+    for entry in entries:
+        logger.info("loading model %s version %s", entry.name, entry.version)
+        limit = read_engine_config(entry.version_dir).max_model_len
+        stats = engine_stats(entry.name, limit)
+        engines.append(load_engine(entry.version_dir, name=entry.name, stats=stats))
+    return engines
+
+
+async def serve_kserve(
+    engines: list[Engine],
+    *,
+    host: str = "127.0.0.1",
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    ready_callback: Callable[[int, int, int], Any] | None = None,
+    drain_timeout: float = 30.0,
+    configs: dict[str, mc.ModelConfig] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
+
+    Ports may be 0 (any free port); ``ready_callback(http, grpc, metrics)`` receives the bound
+    ports once everything listens. The engines are shut down on return."""
+    not_ready = [e.name for e in engines if not e.ready]
+    if not_ready:
+        raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
+    service = InferenceService(engines, configs)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+
+    sockets: list[socket.socket] = []
+    grpc_server: Any = None
+    servers: list[_Uvicorn] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        http_sock, metrics_sock = _bind(host, http_port), _bind(host, metrics_port)
+        sockets += [http_sock, metrics_sock]
+        grpc_server, grpc_bound = await start_grpc_server(service, host, grpc_port)
+        for app, sock in ((build_app(service), http_sock), (metrics_app(service), metrics_sock)):
+            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            servers.append(_Uvicorn(config))
+            tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
+        while not all(s.started for s in servers):
+            failed = [t for t in tasks if t.done()]
+            if failed:
+                raise RuntimeError("an HTTP server failed to start") from failed[0].exception()
+            await asyncio.sleep(0.01)
+        ports = (http_sock.getsockname()[1], grpc_bound, metrics_sock.getsockname()[1])
+        logger.info("serving %s: http=%d grpc=%d metrics=%d", sorted(service.models), *ports)
+        if ready_callback is not None:
+            ready_callback(*ports)
+        await stop.wait()
+
+        logger.info("draining: %d request(s) in flight", service.in_flight)
+        service.begin_drain()
+        if await service.wait_idle(drain_timeout):
+            logger.info("drained")
+        else:
+            logger.warning(
+                "drain timeout (%.0fs): %d request(s) still running are aborted",
+                drain_timeout,
+                service.in_flight,
+            )
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for engine in engines:
+            engine.shutdown()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        for sock in sockets:
+            sock.close()
+
+
+def repository_configs(entries: list[ModelEntry]) -> dict[str, mc.ModelConfig]:
+    return {entry.name: entry.config for entry in entries}

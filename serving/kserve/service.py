@@ -1,0 +1,281 @@
+"""What both protocol front ends share: the served models, Triton's request validation, the
+vLLM-backend request handling over the engine, statistics, and drain state.
+
+The gRPC and HTTP servers only translate wire formats into :class:`Tensor` dicts and back;
+every decision that a client could observe is made here once, so both answer alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, cast
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.engine.core import Engine
+from serving.engine.types import Delta, EngineUnavailableError, GenerateRequest, InvalidRequestError
+from serving.kserve import contract
+from serving.kserve.contract import Tensor, TensorSpec
+from serving.kserve.errors import Code, TritonError, invalid
+from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
+
+# Request parameters Triton itself consumes; they never reach the backend's ``parameters()``.
+RESERVED_PARAMETERS = frozenset(
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "triton_enable_empty_final_response",
+        "binary_data_output",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Response:
+    outputs: list[Tensor]
+    final: bool
+
+
+@dataclass
+class ServedModel:
+    engine: Engine
+    config: mc.ModelConfig
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def version(self) -> str:
+        return self.engine.version
+
+
+def default_config(engine: Engine) -> mc.ModelConfig:
+    """The configuration Triton would report for a bare ``backend: "vllm"`` config.pbtxt."""
+    config = mc.ModelConfig(name=engine.name, backend=contract.BACKEND)
+    config.instance_group.add(
+        name=f"{engine.name}_0", count=1, kind=mc.ModelInstanceGroup.KIND_MODEL
+    )
+    config.version_policy.latest.num_versions = 1
+    contract.auto_complete(config)
+    return config
+
+
+def _request_tag(request_id: str) -> str:
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+class InferenceService:
+    def __init__(
+        self, engines: list[Engine], configs: dict[str, mc.ModelConfig] | None = None
+    ) -> None:
+        configs = configs or {}
+        self.models: dict[str, ServedModel] = {}
+        self.stats = StatsRecorder()
+        for engine in engines:
+            config = configs.get(engine.name) or default_config(engine)
+            self.models[engine.name] = ServedModel(
+                engine, config, contract.input_specs(config), contract.output_specs(config)
+            )
+            self.stats.add_model(engine.name, engine.version)
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # --- health -------------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return not self.draining and all(m.engine.ready for m in self.models.values())
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            model = self.get(name, version)
+        except TritonError:
+            return False
+        return not self.draining and model.engine.ready
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (readiness turns false); requests in flight run on."""
+        self.draining = True
+        for model in self.models.values():
+            model.engine.begin_drain()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Until every request has sent its final response, or ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # --- models -------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            raise invalid(f"Request for unknown model: '{name}' is not found")
+        if version:
+            if not version.isdigit() or int(version) <= 0:
+                raise invalid(
+                    f"failed to get model version from specified version string '{version}' "
+                    "(details: version should be an integral value > 0)"
+                )
+            if int(version) != int(model.version):
+                raise TritonError(Code.NOT_FOUND, f"'{name}' version {version} is not found")
+        return model
+
+    def metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        model = self.get(name, version)
+        return contract.metadata(model.config, model.version)
+
+    # --- inference ----------------------------------------------------------------------------
+
+    def validate(self, model: ServedModel, tensors: dict[str, Tensor], request_id: str) -> None:
+        """The checks Triton core makes before a request reaches the backend."""
+        tag = _request_tag(request_id)
+        required = [s.name for s in model.inputs.values() if not s.optional]
+        if len(tensors) < len(required) or len(tensors) > len(model.inputs):
+            raise invalid(
+                f"{tag}expected number of inputs between {len(required)} and "
+                f"{len(model.inputs)} but got {len(tensors)} inputs for model '{model.name}'"
+            )
+        for tensor in tensors.values():
+            spec = model.inputs.get(tensor.name)
+            if spec is None:
+                raise invalid(
+                    f"{tag}unexpected inference input '{tensor.name}' for model '{model.name}'"
+                )
+            if tensor.datatype != spec.datatype:
+                raise invalid(
+                    f"{tag}inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                    f"but model '{model.name}' expects '{spec.datatype}'"
+                )
+            ok = len(tensor.shape) == len(spec.dims) and all(
+                d == -1 or d == s for d, s in zip(spec.dims, tensor.shape, strict=True)
+            )
+            if not ok:
+                raise invalid(
+                    f"{tag}unexpected shape for input '{tensor.name}' for model "
+                    f"'{model.name}'. Expected {list(spec.dims)}, got {list(tensor.shape)}. "
+                )
+
+    async def infer(
+        self,
+        model: ServedModel,
+        tensors: dict[str, Tensor],
+        parameters: dict[str, Any],
+        request_id: str = "",
+        requested_outputs: list[str] | None = None,
+        input_ns: int = 0,
+    ) -> AsyncGenerator[Response, None]:
+        """Every response of one request; the last has ``final`` set.
+
+        Raises :class:`TritonError` (before or between responses). Closing the iterator early
+        cancels the request in the engine."""
+        timer = self.stats.timer(model.name)
+        timer.input_ns = input_ns
+        self._enter()
+        try:
+            try:
+                self.validate(model, tensors, request_id)
+                wanted = self._wanted_outputs(model, requested_outputs, request_id)
+            except TritonError:
+                timer.failed("OTHER")
+                raise
+            params = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
+            async for response in self._run(model, tensors, params, request_id, timer):
+                if wanted is not None:
+                    response = Response(
+                        [t for t in response.outputs if t.name in wanted], response.final
+                    )
+                timer.responded()
+                yield response
+            timer.succeeded()
+        except (asyncio.CancelledError, GeneratorExit):
+            timer.failed("CANCELED")
+            raise
+        except TritonError as exc:
+            timer.failed("REJECTED" if exc.code is Code.UNAVAILABLE else "BACKEND")
+            raise
+        except Exception as exc:
+            timer.failed("BACKEND")
+            raise TritonError(Code.INTERNAL, f"{contract.BACKEND_ERROR_PREFIX}{exc}") from exc
+        finally:
+            self._exit()
+
+    def _wanted_outputs(
+        self, model: ServedModel, requested: list[str] | None, request_id: str
+    ) -> set[str] | None:
+        if not requested:
+            return None
+        for name in requested:
+            if name not in model.outputs:
+                raise invalid(
+                    f"{_request_tag(request_id)}unexpected inference output '{name}' for "
+                    f"model '{model.name}'"
+                )
+        return set(requested)
+
+    async def _run(
+        self,
+        model: ServedModel,
+        tensors: dict[str, Tensor],
+        parameters: dict[str, Any],
+        request_id: str,
+        timer: RequestTimer,
+    ) -> AsyncGenerator[Response, None]:
+        engine = model.engine
+        task = contract.task_of(tensors)
+        wanted = "embed" if engine.kind == "embed" else "generate"
+        try:
+            if task != wanted:
+                raise InvalidRequestError(f"Model {model.name} does not support '{task}' request")
+            if task == "embed":
+                call = contract.parse_embed(tensors)
+                vectors, prompt_tokens = await engine.embed([call.text])
+                started = time.monotonic_ns()
+                outputs = contract.embed_outputs(call, vectors[0], prompt_tokens)
+                timer.output_ns += time.monotonic_ns() - started
+                yield Response(outputs, final=True)
+                return
+            generate = contract.parse_generate(tensors, parameters)
+            responder = contract.GenerateResponder(generate)
+            request_key = request_id or f"kserve-{id(timer)}"
+            request = GenerateRequest(request_key, generate.prompt, generate.options)
+            async with aclosing(
+                cast(AsyncGenerator[Delta, None], engine.generate(request))
+            ) as deltas:
+                async for delta in deltas:
+                    started = time.monotonic_ns()
+                    streamed = responder.add(delta)
+                    timer.output_ns += time.monotonic_ns() - started
+                    if streamed is not None:
+                        yield Response(streamed, final=delta.finish_reason is not None)
+            if not generate.stream:
+                yield Response(responder.final(), final=True)
+        except InvalidRequestError as exc:
+            raise TritonError(Code.INVALID_ARG, f"{contract.BACKEND_ERROR_PREFIX}{exc}") from None
+        except EngineUnavailableError as exc:
+            raise TritonError(Code.UNAVAILABLE, f"{contract.BACKEND_ERROR_PREFIX}{exc}") from None
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def _exit(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
