@@ -1,0 +1,162 @@
+"""The FastAPI application: OpenAI routes over the engine's KServe v2 endpoints.
+
+:func:`create_app` is what both ``python -m serving.frontend`` and the instance supervisor
+(``serving.instance``) run under uvicorn. The gRPC channel is opened in the app's lifespan,
+inside the serving event loop, as grpc.aio requires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serving.frontend.errors import (
+    OpenAIError,
+    bad_request,
+    model_not_found,
+    openai_error_handler,
+    validation_error_handler,
+)
+from serving.frontend.generation import Generation, complete, completion_prompts, open_stream
+from serving.frontend.kserve_client import KServeClient
+from serving.frontend.metrics import add_metrics
+from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from serving.frontend.repository import ModelEntry, read_repository
+from serving.frontend.settings import Settings
+from serving.frontend.translate import check_embedding, check_supported
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    client = KServeClient(
+        settings.kserve_grpc, settings.kserve_http, timeout=settings.engine_timeout
+    )
+    models: dict[str, ModelEntry] = read_repository(settings.model_repository)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await client.start()
+        # Tokenizers load off the event loop, before the first request needs a chat template.
+        for entry in models.values():
+            if entry.kind == "generate" and settings.openai:
+                await asyncio.to_thread(entry.chat_prompt_ready)
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(title="LLM serving instance (OpenAI-compatible)", lifespan=lifespan)
+    app.add_exception_handler(OpenAIError, openai_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    add_metrics(app, settings.kserve_metrics, settings.multiproc_dir)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def ready() -> Response:
+        if await client.ready():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready"}, status_code=503)
+
+    if not settings.openai:
+        return app
+
+    def lookup(name: str, kind: str) -> ModelEntry:
+        entry = models.get(name)
+        if entry is None:
+            raise model_not_found(name)
+        if entry.kind != kind:
+            what = "an embedding" if entry.kind == "embed" else "a generative"
+            raise bad_request(f"model {name} is {what} model", "model", code="wrong_model_kind")
+        return entry
+
+    def card(entry: ModelEntry) -> dict[str, Any]:
+        return {
+            "id": entry.name,
+            "object": "model",
+            "created": entry.created,
+            "owned_by": "platform",
+        }
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [card(m) for m in models.values()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict[str, Any]:
+        if model not in models:
+            raise model_not_found(model)
+        return card(models[model])
+
+    async def run(generation: Generation) -> Response:
+        if generation.request.stream:
+            return StreamingResponse(
+                await open_stream(client, generation), media_type="text/event-stream"
+            )
+        return JSONResponse(await complete(client, generation))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: ChatCompletionRequest) -> Response:
+        entry = lookup(request.model, "generate")
+        check_supported(request)
+        messages = [_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        try:
+            prompt = await asyncio.to_thread(entry.chat_prompt, messages)
+        except Exception as exc:  # the template's own error (e.g. role order) is the caller's
+            raise bad_request(f"the chat template refused messages: {exc}", "messages") from None
+        generation = Generation(request, entry.name, [prompt], settings.default_max_tokens)
+        return await run(generation)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest) -> Response:
+        entry = lookup(request.model, "generate")
+        check_supported(request)
+        prompts = completion_prompts(request)
+        generation = Generation(request, entry.name, prompts, settings.default_max_tokens)
+        return await run(generation)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: EmbeddingRequest) -> dict[str, Any]:
+        entry = lookup(request.model, "embed")
+        texts = check_embedding(request)
+        results = await client.embed(entry.name, texts)
+        data = []
+        for i, (vector, _) in enumerate(results):
+            value: Any = vector
+            if request.encoding_format == "base64":
+                value = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(count for _, count in results)
+        return {
+            "object": "list",
+            "data": data,
+            "model": entry.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return app
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as HF chat templates take it: text parts joined, ``developer`` (OpenAI's
+    newer name for the system role) as ``system``, which templates know."""
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = "".join(part["text"] for part in content)
+    elif content is None:
+        message["content"] = ""
+    if message["role"] == "developer":
+        message["role"] = "system"
+    return message

@@ -1,0 +1,20 @@
+"""How one front-end process is configured (CLI flags of ``python -m serving.frontend``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_repository: Path
+    kserve_grpc: str = "127.0.0.1:8001"  # host:port of the engine's KServe v2 gRPC
+    kserve_http: str = "127.0.0.1:8000"  # host:port (or URL) of its KServe v2 HTTP
+    kserve_metrics: str = "http://127.0.0.1:8002/metrics"  # the engine's Triton-style metrics
+    openai: bool = True  # False: standalone mode, only health and /metrics
+    # Triton's OpenAI front end default (--default-max-tokens) when a request sets none.
+    default_max_tokens: int = 16
+    engine_timeout: float = 600.0  # seconds one engine stream may last
+    # Where the engine writes vLLM-named metrics (default: $PROMETHEUS_MULTIPROC_DIR).
+    multiproc_dir: Path | None = None

@@ -1,0 +1,266 @@
+"""OpenAI request → Triton vLLM-backend ``sampling_parameters``: one pure, checked function.
+
+Triton's vLLM backend casts the ``sampling_parameters`` JSON into vLLM's ``SamplingParams`` and,
+when anything fails to parse, logs and serves the request *unconstrained*; Triton's own OpenAI
+front end never sent ``response_format`` at all. So this module builds the whole payload in one
+place (:func:`build_payload`), refuses every parameter the platform cannot honour by name, and
+re-parses the result with the engine's strict parser before anything is sent.
+
+Structured outputs follow vLLM 0.24 (the version pinned in the serving image): the key is
+``structured_outputs`` and its value is itself a JSON *string* of ``StructuredOutputsParams``,
+exactly as the backend does ``StructuredOutputsParams(**json.loads(value))``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from serving.constraints.spec import EXTRA_ARGS_KEY
+from serving.engine.sampling_params import parse_sampling_parameters
+from serving.engine.types import InvalidRequestError
+from serving.frontend.errors import OpenAIError, bad_request, unsupported
+from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+SEED_MODULUS = 2**63
+
+
+@dataclass(frozen=True)
+class EnginePayload:
+    """What one engine request carries besides the prompt (see :mod:`serving.frontend.kserve_client`)."""
+
+    sampling_parameters: str
+    return_logprobs: bool
+    exclude_input_in_output: bool
+
+
+def build_payload(
+    request: GenerationRequest, *, default_max_tokens: int, index: int = 0
+) -> EnginePayload:
+    """The engine request for choice ``index`` of ``request`` (``n`` fans out into ``n`` engine
+    requests; with a ``seed`` choice ``i`` gets ``seed + i``, so ``n=1`` keeps the seed as sent).
+
+    Raises :class:`OpenAIError` (400) naming the parameter the platform cannot honour."""
+    check_supported(request)
+    params = sampling_parameters(request, default_max_tokens=default_max_tokens, index=index)
+    text = json.dumps(params)
+    _check_with_engine_parser(request, text)
+    echo = isinstance(request, CompletionRequest) and request.echo
+    # Streaming forbids exclude_input_in_output=False in Triton's backend; the front end then
+    # sends the prompt itself as the first chunk (see serving.frontend.generation).
+    return EnginePayload(
+        sampling_parameters=text,
+        return_logprobs=logprobs_count(request) is not None,
+        exclude_input_in_output=not (echo and not request.stream),
+    )
+
+
+def sampling_parameters(
+    request: GenerationRequest, *, default_max_tokens: int, index: int = 0
+) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields by name, only those the request set (and ``max_tokens``,
+    which Triton's front end also always sends, as vLLM's default of 16 would be implicit)."""
+    params: dict[str, Any] = {"max_tokens": max_tokens(request, default_max_tokens)}
+    for key in ("temperature", "top_p", "top_k", "min_tokens"):
+        value = getattr(request, key)
+        if value is not None:
+            params[key] = value
+    if request.seed is not None:
+        params["seed"] = (request.seed + index) % SEED_MODULUS
+    if request.stop:
+        params["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if request.stop_token_ids:
+        params["stop_token_ids"] = list(request.stop_token_ids)
+    if request.ignore_eos is not None:
+        params["ignore_eos"] = request.ignore_eos
+    count = logprobs_count(request)
+    if count is not None:
+        params["logprobs"] = count
+    structured = structured_outputs(request)
+    if structured is not None:
+        params["structured_outputs"] = json.dumps(structured)
+    if request.vllm_xargs:
+        params["extra_args"] = {EXTRA_ARGS_KEY: request.vllm_xargs[EXTRA_ARGS_KEY]}
+    return params
+
+
+def max_tokens(request: GenerationRequest, default: int) -> int:
+    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
+        if request.max_tokens is not None and request.max_tokens != request.max_completion_tokens:
+            raise bad_request(
+                "max_tokens is the deprecated name of max_completion_tokens; send one of them",
+                "max_tokens",
+            )
+        return request.max_completion_tokens
+    return request.max_tokens if request.max_tokens is not None else default
+
+
+def logprobs_count(request: GenerationRequest) -> int | None:
+    """vLLM's ``logprobs``: how many alternatives per token (0: only the sampled token)."""
+    if isinstance(request, ChatCompletionRequest):
+        if not request.logprobs:
+            return None
+        return request.top_logprobs or 0
+    return request.logprobs
+
+
+def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
+    """vLLM's ``StructuredOutputsParams`` as a dict, from ``response_format`` (as vLLM's own
+    OpenAI server maps it) or from vLLM's ``structured_outputs`` request field (sent as given).
+
+    ``response_format`` JSON is generated without whitespace between tokens
+    (``disable_any_whitespace``): the output is the same JSON, and a model left free to emit
+    whitespace can keep emitting it until ``max_tokens`` (observed with the random-weights demo
+    model: tabs after the first key until the limit), which turns a valid request into truncated,
+    unparseable output. Callers who want vLLM's default send ``structured_outputs`` instead."""
+    fmt = request.response_format
+    if fmt is None or fmt.type == "text":
+        if fmt is not None and fmt.json_schema is not None:
+            raise bad_request(
+                "response_format.json_schema is only valid with type json_schema",
+                "response_format.json_schema",
+            )
+        return request.structured_outputs
+    if request.structured_outputs is not None:
+        raise bad_request(
+            "send either response_format or structured_outputs, not both", "structured_outputs"
+        )
+    if fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise bad_request(
+                "response_format.json_schema is only valid with type json_schema",
+                "response_format.json_schema",
+            )
+        return {"json_object": True, "disable_any_whitespace": True}
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request(
+                "response_format type json_schema needs json_schema.schema",
+                "response_format.json_schema.schema",
+            )
+        _check_json_schema(fmt.json_schema.schema_)
+        return {"json": fmt.json_schema.schema_, "disable_any_whitespace": True}
+    raise OpenAIError(
+        400,
+        f"response_format.type {fmt.type!r} is not supported (text, json_object, json_schema)",
+        param="response_format.type",
+        code="unsupported_parameter",
+    )
+
+
+def check_supported(request: GenerationRequest) -> None:
+    """Refuse, by name, every known parameter set to something the platform would not honour."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name) not in (None, 0):
+            raise unsupported(name, "is not supported by this platform (only 0)")
+    if request.logit_bias:
+        raise unsupported("logit_bias")
+    if request.store:
+        raise unsupported("store", "is not supported: completions are never stored")
+    if request.metadata:
+        raise unsupported("metadata", "is only meaningful with store, which is not supported")
+    if request.service_tier not in (None, "auto", "default"):
+        raise unsupported("service_tier")
+    if request.stream_options is not None and not request.stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    if request.vllm_xargs:
+        unknown = sorted(set(request.vllm_xargs) - {EXTRA_ARGS_KEY})
+        if unknown:
+            raise bad_request(
+                f"vllm_xargs.{unknown[0]} is not known (only {EXTRA_ARGS_KEY!r})",
+                f"vllm_xargs.{unknown[0]}",
+            )
+    if isinstance(request, ChatCompletionRequest):
+        _check_chat(request)
+    else:
+        _check_completion(request)
+
+
+def _check_chat(request: ChatCompletionRequest) -> None:
+    if request.tools:
+        raise unsupported("tools", "(tool calling) is not supported by this platform")
+    if request.tool_choice not in (None, "none"):
+        raise unsupported("tool_choice", "is not supported: tool calling is not available")
+    if request.parallel_tool_calls is not None:
+        raise unsupported("parallel_tool_calls", "is not supported: tool calling is not available")
+    if request.functions:
+        raise unsupported("functions", "(function calling) is not supported by this platform")
+    if request.function_call not in (None, "none"):
+        raise unsupported("function_call", "is not supported by this platform")
+    if request.modalities not in (None, ["text"]):
+        raise unsupported("modalities", "is not supported: only text output")
+    for name in ("audio", "prediction", "reasoning_effort", "web_search_options"):
+        if getattr(request, name) is not None:
+            raise unsupported(name)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    for i, message in enumerate(request.messages):
+        if message.tool_calls:
+            raise unsupported(f"messages[{i}].tool_calls", "is not supported (no tool calling)")
+        if message.refusal is not None:
+            raise unsupported(f"messages[{i}].refusal")
+        if message.content is None and message.role != "assistant":
+            raise bad_request(f"messages[{i}].content is required", f"messages[{i}].content")
+
+
+def _check_completion(request: CompletionRequest) -> None:
+    if request.best_of not in (None, 1):
+        raise unsupported("best_of", "is not supported by this platform (vLLM V1 removed it)")
+    if request.suffix:
+        raise unsupported("suffix", "(insertion) is not supported by this platform")
+    if not isinstance(request.prompt, str) and any(not isinstance(p, str) for p in request.prompt):
+        raise unsupported(
+            "prompt", "as token IDs is not supported: Triton's text_input carries text only"
+        )
+    if isinstance(request.prompt, list) and not request.prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if request.echo and request.logprobs is not None:
+        raise unsupported("echo", "with logprobs is not supported (prompt logprobs are not served)")
+
+
+def check_embedding(request: EmbeddingRequest) -> list[str]:
+    """The texts to embed, or a 400 naming what cannot be honoured."""
+    if request.dimensions is not None:
+        raise unsupported("dimensions", "is not supported: the model's own size is served")
+    texts = [request.input] if isinstance(request.input, str) else request.input
+    if not texts:
+        raise bad_request("input must not be empty", "input")
+    if any(not isinstance(t, str) for t in texts):
+        raise unsupported("input", "as token IDs is not supported: send text")
+    return [str(t) for t in texts]
+
+
+def _check_json_schema(schema: dict[str, Any]) -> None:
+    """A malformed schema is refused here, with the schema error, rather than by the engine."""
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise bad_request(
+            f"response_format.json_schema.schema is not a valid JSON schema: {exc.message}",
+            "response_format.json_schema.schema",
+        ) from None
+
+
+_ENGINE_KEY = re.compile(r"sampling_parameters\.(\w+)")
+
+
+def _check_with_engine_parser(request: GenerationRequest, payload: str) -> None:
+    """Re-parse the payload as the engine will, so a bad value is refused here, by name."""
+    try:
+        parse_sampling_parameters(payload)
+    except InvalidRequestError as exc:
+        message = str(exc)
+        param: str | None
+        if "structured_outputs" in message:
+            param = "structured_outputs" if request.structured_outputs else "response_format"
+        elif "constraint" in message or "extra_args" in message:
+            param = f"vllm_xargs.{EXTRA_ARGS_KEY}"
+        else:
+            match = _ENGINE_KEY.search(message)
+            param = match.group(1) if match else None
+        raise bad_request(f"{param}: {message}" if param else message, param) from None
