@@ -27,6 +27,10 @@ COPY portal /opt/platform/src/portal
 COPY serving /opt/platform/src/serving
 COPY native /opt/platform/src/native
 RUN pip install --no-cache-dir --no-deps /opt/platform/src
+# What serving/ needs beyond the container's own vLLM stack (fastapi, uvicorn, httpx and
+# prometheus-client come with vLLM): the KServe v2 client the OpenAI front end drives Triton
+# with, and the schema checker for response_format.
+RUN pip install --no-cache-dir "tritonclient[grpc]" jsonschema
 
 # vLLM loads logits processors registered under the "vllm.logits_processors" entry point by
 # itself; fail the build if ours is not registered or does not import against this vLLM.
@@ -36,3 +40,5 @@ RUN python3 -c "from importlib.metadata import entry_points; \
 
 ENV PLATFORM_RELEASE_TRITON=${TRITON_TAG} PLATFORM_RELEASE_VLLM=${VLLM_VERSION}
 EXPOSE 8000 8001 8002
+# No entry point yet: serving.instance starts the CPU engine (serving.kserve) only; starting
+# tritonserver as the engine of an instance is not built (docs/architecture.md).

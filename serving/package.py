@@ -21,10 +21,65 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.constraints import LOGITS_PROCESSOR
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 CHUNK = 1 << 20
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+# --- the vLLM-backend model repository --------------------------------------------------------
+
+
+def vllm_config(name: str, number: int) -> mc.ModelConfig:
+    config = mc.ModelConfig(name=name, backend="vllm", max_batch_size=0)
+    # Triton's vLLM backend streams responses: it asserts a decoupled transaction policy.
+    config.model_transaction_policy.decoupled = True
+    group = config.instance_group.add()
+    group.count = 1
+    group.kind = mc.ModelInstanceGroup.KIND_MODEL  # vLLM places itself on the GPUs
+    config.version_policy.specific.versions.append(number)
+    # Bridges vLLM's own metrics into Triton's /metrics (the unified endpoint merges the rest).
+    config.parameters["REPORT_CUSTOM_METRICS"].string_value = "true"
+    return config
+
+
+def render_config(config: mc.ModelConfig) -> str:
+    """Text format, then parsed back with Triton's schema: what Triton will read is checked."""
+    text = text_format.MessageToString(config)
+    text_format.Parse(text, mc.ModelConfig())  # raises ParseError on a builder bug
+    return text
+
+
+def vllm_repository_files(
+    name: str, number: int, weights: str, engine_args: dict[str, Any]
+) -> dict[str, bytes]:
+    """``config.pbtxt`` and ``<number>/model.json`` for Triton's vLLM backend, as
+    ``{relative path: content}``; ``engine_args`` are the author's (already validated)."""
+    model_json = {
+        "model": weights,
+        "tokenizer": weights,
+        # Needed for vLLM's metrics, which the unified /metrics endpoint serves.
+        "disable_log_stats": False,
+        **engine_args,
+        # The constraint processor, by name as well as through its entry point: only named
+        # processors make vLLM fill in real output token IDs under async scheduling (the
+        # default), and the processor reads those IDs.
+        "logits_processors": [LOGITS_PROCESSOR],
+    }
+    return {
+        f"{name}/config.pbtxt": render_config(vllm_config(name, number)).encode(),
+        f"{name}/{number}/model.json": (
+            json.dumps(model_json, indent=2, sort_keys=True) + "\n"
+        ).encode(),
+    }
+
+
+# --- the archive ------------------------------------------------------------------------------
 
 
 def file_entries(files: dict[str, bytes]) -> list[dict[str, Any]]:

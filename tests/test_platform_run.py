@@ -1,7 +1,9 @@
-"""The README's run command, as a new user runs it: the whole platform comes up and is healthy."""
+"""The README's run command, as a new user runs it: the whole platform comes up and is healthy,
+and the demo model's serving instance answers the official OpenAI client."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import redis
 
@@ -28,7 +31,7 @@ def free_port() -> int:
 
 def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
     redis.Redis.from_url(REDIS_DB_URL).flushdb()
-    port = free_port()
+    port, demo_port = free_port(), free_port_block(4)
     env = {
         key: value
         for key, value in os.environ.items()
@@ -38,6 +41,7 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
     env.update(
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         PORTAL_PORT=str(port),
+        DEMO_PORT=str(demo_port),
         REDIS_URL=REDIS_DB_URL,
         VENV=sys.prefix,
     )
@@ -56,6 +60,12 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
             f"http://127.0.0.1:{port}/api/v1/teams/", headers={"Authorization": f"Bearer {token}"}
         ).json()
         assert [team["slug"] for team in teams["results"]] == ["demo"]
+        wait_for_line("INSTANCE READY", proc, tmp_path / "run.log", timeout=180)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{demo_port}/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model="demo--tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens >= 1
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -66,6 +76,34 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
         log.close()
         redis.Redis.from_url(REDIS_DB_URL).flushdb()
     assert "Demo ready." in (tmp_path / "run.log").read_text()
+
+
+def free_port_block(count: int) -> int:
+    """A base port whose next ``count - 1`` ports are free too (the demo takes four)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no block of free ports")
+
+
+def wait_for_line(text: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"./dev run exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        time.sleep(1)
+    pytest.fail(f"{text!r} never appeared:\n{log.read_text()[-4000:]}")
 
 
 def wait_until_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> dict:

@@ -11,7 +11,6 @@ package: the release's serving image fixes it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from portal.registry.models import Backend, ModelVersion
@@ -29,8 +27,13 @@ from portal.registry.validation import (
     validate_io_spec,
     validate_python_model,
 )
-from serving.constraints import LOGITS_PROCESSOR
-from serving.package import MANIFEST_FORMAT, archive_bytes, file_entries
+from serving.package import (
+    MANIFEST_FORMAT,
+    archive_bytes,
+    file_entries,
+    render_config,
+    vllm_repository_files,
+)
 
 
 class PackagingError(Exception):
@@ -63,19 +66,6 @@ def packages_dir() -> Path:
 # --- config.pbtxt ---------------------------------------------------------------------------
 
 
-def vllm_config(name: str, number: int) -> mc.ModelConfig:
-    config = mc.ModelConfig(name=name, backend="vllm", max_batch_size=0)
-    # Triton's vLLM backend streams responses: it asserts a decoupled transaction policy.
-    config.model_transaction_policy.decoupled = True
-    group = config.instance_group.add()
-    group.count = 1
-    group.kind = mc.ModelInstanceGroup.KIND_MODEL  # vLLM places itself on the GPUs
-    config.version_policy.specific.versions.append(number)
-    # Bridges vLLM's own metrics into Triton's /metrics (the unified endpoint merges the rest).
-    config.parameters["REPORT_CUSTOM_METRICS"].string_value = "true"
-    return config
-
-
 def python_config(name: str, number: int, io_spec: dict[str, Any], gpus: bool) -> mc.ModelConfig:
     config = mc.ModelConfig(
         name=name, backend="python", max_batch_size=io_spec.get("max_batch_size", 0)
@@ -95,16 +85,6 @@ def python_config(name: str, number: int, io_spec: dict[str, Any], gpus: bool) -
     return config
 
 
-def render_config(config: mc.ModelConfig) -> str:
-    """Text format, then parsed back with Triton's schema: what Triton will read is checked."""
-    text = text_format.MessageToString(config)
-    try:
-        text_format.Parse(text, mc.ModelConfig())
-    except text_format.ParseError as exc:  # pragma: no cover - guards the builder itself
-        raise PackagingError(f"config.pbtxt does not parse as Triton's ModelConfig: {exc}") from exc
-    return text
-
-
 # --- model repository -----------------------------------------------------------------------
 
 
@@ -115,21 +95,7 @@ def repository_files(version: ModelVersion, *, gpus: bool = True) -> dict[str, b
     try:
         if version.backend == Backend.VLLM:
             validate_engine_args(version.engine_args, version.release)
-            engine_args = {
-                "model": weights,
-                "tokenizer": weights,
-                # Needed for vLLM's metrics, which the unified /metrics endpoint serves.
-                "disable_log_stats": False,
-                **version.engine_args,
-                # The constraint processor, by name as well as through its entry point: only
-                # named processors make vLLM fill in real output token IDs under async
-                # scheduling (the default), and the processor reads those IDs.
-                "logits_processors": [LOGITS_PROCESSOR],
-            }
-            return {
-                f"{name}/config.pbtxt": render_config(vllm_config(name, number)).encode(),
-                f"{name}/{number}/model.json": _json_bytes(engine_args),
-            }
+            return vllm_repository_files(name, number, weights, version.engine_args)
         validate_io_spec(version.io_spec)
         source = version.python_model or _model_py_from_artifact(version)
         validate_python_model(source)
@@ -203,10 +169,6 @@ def build_package(version: ModelVersion) -> Package:
     manifest = manifest_for(version, files)
     digest, path = store(archive_bytes(files, manifest))
     return Package(digest=digest, path=path, manifest=manifest)
-
-
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, sort_keys=True, indent=2) + "\n").encode()
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -1,0 +1,297 @@
+"""The start-up sequence and the life of one serving instance.
+
+    python -m serving.instance --package PKG.tar --workdir DIR [--host 127.0.0.1]
+        [--openai-port 9000] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+        [--ready-timeout S] [--drain-timeout S]
+
+Steps, in this order, each logged as one JSON line with its duration (see
+:mod:`serving.instance.log`):
+
+1. ``unpack_package``: verify every checksum and unpack into ``<workdir>/repository``.
+2. ``install_plugins``: the package's vLLM plugins, through entry points.
+3. ``clean_metrics_dir``: remove stale ``.db`` files from the multiprocess directory
+   (``--multiproc-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``, else ``<workdir>/prometheus``): values of a previous run must not be summed into this
+   one's.
+4. ``start_engine``: ``python -m serving.kserve`` as a child; its ports open only once its
+   model is loaded, and it says so on stdout.
+5. ``start_frontend``: only now the front end listens: OpenAI routes when the package's API
+   surface is ``openai+grpc`` (embedded), only health and ``/metrics`` when it is ``grpc``
+   (standalone). Then ``INSTANCE READY openai=<port> http=<port> grpc=<port> metrics=<port>``
+   is printed on stdout.
+
+SIGTERM (or SIGINT): the front end stops accepting and finishes in-flight requests (streams
+included) within ``--drain-timeout``; then the engine child gets SIGTERM and is waited for;
+exit 0. If the engine dies while serving, the instance exits 3 so its launcher notices.
+
+Exit status: 0 stopped cleanly (also when asked to stop during start-up); 1 the engine or the
+front end failed to start; 2 the package or its plugins were refused; 3 the engine died while
+serving; 4 the front end stopped on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from serving.instance.engine_process import EnginePorts, EngineProcess
+from serving.instance.log import StepFailed, event, step
+from serving.instance.plugins import install_plugins
+from serving.package import extract_package
+
+API_SURFACES = {"openai+grpc": True, "grpc": False}  # → OpenAI routes on?
+EXIT_START_FAILED, EXIT_REFUSED, EXIT_ENGINE_DIED, EXIT_FRONTEND_STOPPED = 1, 2, 3, 4
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def check_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The fields this instance acts on, checked: a package it cannot serve as asked is refused
+    at start, not discovered at the first request."""
+    for key in ("model", "backend", "api_surface"):
+        if not isinstance(manifest.get(key), str) or not manifest[key]:
+            raise ManifestError(f"manifest field {key!r} must be a non-empty string")
+    if manifest["api_surface"] not in API_SURFACES:
+        raise ManifestError(
+            f"manifest api_surface {manifest['api_surface']!r} is not one of {sorted(API_SURFACES)}"
+        )
+    if manifest["backend"] != "vllm":
+        raise ManifestError(
+            f"manifest backend {manifest['backend']!r}: this instance's CPU engine serves only "
+            "vllm-backend packages"
+        )
+    plugins = manifest.get("constraint_plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ManifestError("manifest field 'constraint_plugins' must be a list of names")
+    embedded = manifest.get("triton_embedded")
+    if embedded is not None and embedded != (manifest["api_surface"] == "openai+grpc"):
+        raise ManifestError("manifest triton_embedded contradicts its api_surface")
+    return manifest
+
+
+def unpack(package: Path, repository: Path) -> dict[str, Any]:
+    if repository.exists():
+        shutil.rmtree(repository)  # a restart in the same workdir: the package is the truth
+    return check_manifest(extract_package(package, repository))
+
+
+def clean_multiproc_dir(directory: Path) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    stale = list(directory.glob("*.db"))
+    for path in stale:
+        path.unlink()
+    return len(stale)
+
+
+class FrontendServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the supervisor owns SIGTERM and decides when
+    the front end drains (and uvicorn would re-raise the signal after a clean drain)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind here rather than in uvicorn: a taken port is then an error this step reports (uvicorn
+    would ``sys.exit`` inside the event loop), and port 0 gives a port the log can name."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def frontend_server(
+    args: argparse.Namespace, repository: Path, ports: EnginePorts, multiproc: Path, openai: bool
+) -> FrontendServer:
+    from serving.frontend.app import create_app
+    from serving.frontend.settings import Settings
+
+    settings = Settings(
+        model_repository=repository,
+        kserve_grpc=f"{args.host}:{ports.grpc}",
+        kserve_http=f"{args.host}:{ports.http}",
+        kserve_metrics=f"http://{args.host}:{ports.metrics}/metrics",
+        openai=openai,
+        multiproc_dir=multiproc,
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level="warning",
+        timeout_graceful_shutdown=math.ceil(args.drain_timeout),
+        lifespan="on",
+    )
+    return FrontendServer(config)
+
+
+async def run(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    workdir: Path = args.workdir.resolve()
+    repository = workdir / "repository"
+    multiproc = (args.multiproc_dir or _env_multiproc_dir() or workdir / "prometheus").resolve()
+    engine: EngineProcess | None = None
+    event("starting", package=str(args.package), workdir=str(workdir))
+    try:
+        with step("unpack_package", exit_code=EXIT_REFUSED) as info:
+            manifest = await asyncio.to_thread(unpack, args.package, repository)
+            info.update(model=manifest["model"], version=manifest.get("version"))
+            info.update(api_surface=manifest["api_surface"])
+        if stop.is_set():
+            return _stopped_during_startup("unpack_package")
+        with step("install_plugins", exit_code=EXIT_REFUSED) as info:
+            info["requested"] = manifest.get("constraint_plugins", [])
+            installed = await asyncio.to_thread(install_plugins, info["requested"])
+            info.update(
+                logits_processors=installed.logits_processors,
+                general_plugins=installed.general_plugins,
+                failed=installed.failed,
+                loaded=installed.loaded,
+            )
+        if stop.is_set():
+            return _stopped_during_startup("install_plugins")
+        with step("clean_metrics_dir") as info:
+            info["path"] = str(multiproc)
+            info["removed"] = await asyncio.to_thread(clean_multiproc_dir, multiproc)
+        engine = EngineProcess(
+            repository,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            multiproc_dir=multiproc,
+            drain_timeout=args.drain_timeout,
+        )
+        with step("start_engine") as info:
+            started = await engine.start(args.ready_timeout, stop)
+            info["pid"] = engine.pid
+            if started is not None:
+                info.update(http=started.http, grpc=started.grpc, metrics=started.metrics)
+        if started is None:
+            await engine.stop(args.drain_timeout + 10)
+            return _stopped_during_startup("start_engine")
+        ports: EnginePorts = started
+        openai = API_SURFACES[manifest["api_surface"]]
+        with step("start_frontend") as info:
+            sock = listen(args.host, args.openai_port)
+            openai_port = sock.getsockname()[1]
+            info.update(port=openai_port, openai=openai)
+            server = frontend_server(args, repository, ports, multiproc, openai)
+            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.02)
+            if not server.started:
+                raise RuntimeError("the front end did not start (see its log above)")
+    except StepFailed as failed:
+        if engine is not None:
+            await engine.stop(args.drain_timeout + 10)
+        event("start_aborted", step=failed.step, exit_code=failed.exit_code)
+        return failed.exit_code
+    print(
+        f"INSTANCE READY openai={openai_port} http={ports.http} grpc={ports.grpc} "
+        f"metrics={ports.metrics}",
+        flush=True,
+    )
+    return await serve(args, engine, server, serving, stop)
+
+
+async def serve(
+    args: argparse.Namespace,
+    engine: EngineProcess,
+    server: FrontendServer,
+    serving: asyncio.Task[None],
+    stop: asyncio.Event,
+) -> int:
+    engine_exit = asyncio.create_task(engine.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({engine_exit, stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if engine_exit.done():
+        event("engine_died", exit_code=engine_exit.result(), level="error")
+        server.should_exit = True
+        await serving
+        return EXIT_ENGINE_DIED
+    engine_exit.cancel()
+    if serving.done():
+        event("frontend_stopped", level="error")
+        await engine.stop(args.drain_timeout + 10)
+        return EXIT_FRONTEND_STOPPED
+    event("draining", drain_timeout_s=args.drain_timeout)
+    server.should_exit = True  # stop accepting; uvicorn waits for in-flight requests
+    await serving
+    code = await engine.stop(args.drain_timeout + 10)
+    event("stopped", engine_exit_code=code)
+    return 0
+
+
+def _env_multiproc_dir() -> Path | None:
+    value = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(value) if value else None
+
+
+def _stopped_during_startup(after: str) -> int:
+    event("stopped_during_startup", after=after)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m serving.instance", description=__doc__)
+    parser.add_argument("--package", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--openai-port", type=int, default=9000)
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--multiproc-dir",
+        type=Path,
+        default=None,
+        help="default: $PROMETHEUS_MULTIPROC_DIR, else <workdir>/prometheus",
+    )
+    args = parser.parse_args(argv)
+    for name in ("openai_port", "http_port", "grpc_port", "metrics_port"):
+        if not 0 <= getattr(args, name) <= 65535:
+            parser.error(f"--{name.replace('_', '-')} must be a port number (0-65535)")
+    if args.ready_timeout <= 0:
+        parser.error("--ready-timeout must be > 0")
+    if args.drain_timeout < 0:
+        parser.error("--drain-timeout must be >= 0")
+    if not args.package.is_file():
+        parser.error(f"--package {args.package} is not a file")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(run(args))
