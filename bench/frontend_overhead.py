@@ -30,10 +30,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import re
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +38,6 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +50,13 @@ import numpy as np  # noqa: E402
 import tritonclient.grpc.aio as grpcclient  # noqa: E402
 from tritonclient.grpc import InferInput  # noqa: E402
 
+from bench.machine import free_port, machine_info  # noqa: E402
 from serving.demo_model import make_demo_model  # noqa: E402
 
 MODEL = "demo--tiny"
 CONCURRENCY = (1, 8, 32)
 PROMPT = "The quick brown fox jumps over the lazy dog"
 GOAL_MS = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_repository(root: Path, weights: Path, max_num_seqs: int) -> Path:
@@ -207,36 +198,6 @@ async def measure(grpc_url: str, frontend_url: str, max_tokens: int, total: int)
     return rows
 
 
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-        if m:
-            info["cpu_model"] = m.group(1).strip()
-        m = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
-        if m:
-            info["memory_gib"] = round(int(m.group(1)) / 2**20, 1)
-    except OSError:
-        pass
-    for package in ("torch", "transformers", "fastapi", "uvicorn", "grpcio", "tritonclient"):
-        try:
-            info[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info[package] = None
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        info["commit"] = None
-    return info
-
-
 def overheads(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for concurrency in CONCURRENCY:
@@ -348,7 +309,9 @@ def main(argv: list[str] | None = None) -> None:
         f"difference over all levels is {worst:.2f} ms."
     )
     result = {
-        "machine": machine_info(),
+        "machine": machine_info(
+            ("torch", "transformers", "fastapi", "uvicorn", "grpcio", "tritonclient")
+        ),
         "command": "python bench/frontend_overhead.py"
         + (" " + shlex.join(argv or sys.argv[1:])).rstrip(),
         "wall_s": round(time.monotonic() - started, 1),

@@ -32,25 +32,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.machine import free_port, machine_info  # noqa: E402
 
 MODEL = "team--llama-3-8b"
 MAX_MODEL_LEN = 32768
@@ -274,12 +273,6 @@ def serve_unified(port: int, triton_url: str, multiproc: Path) -> None:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_http(url: str, timeout: float = 60.0) -> None:
     import httpx
 
@@ -381,36 +374,6 @@ def component_times(multiproc: Path, repeats: int) -> dict[str, dict[str, float]
     }
 
 
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-        if m:
-            info["cpu_model"] = m.group(1).strip()
-        m = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
-        if m:
-            info["memory_gib"] = round(int(m.group(1)) / 2**20, 1)
-    except OSError:
-        pass
-    for package in ("prometheus_client", "httpx", "uvicorn", "fastapi", "starlette"):
-        try:
-            info[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info[package] = None
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        info["commit"] = None
-    return info
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -471,7 +434,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "metrics_scrape",
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "machine": machine_info(),
+        "machine": machine_info(("prometheus_client", "httpx", "uvicorn", "fastapi", "starlette")),
         "setup": {
             "writers": args.workers,
             "writer_update_hz": args.hz,

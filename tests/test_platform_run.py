@@ -3,10 +3,8 @@ and the demo model's serving instance answers the official OpenAI client."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +15,12 @@ import openai
 import pytest
 import redis
 
+from tests.ports import free_port, free_port_block
+
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_DB_URL = "redis://127.0.0.1:6379/14"
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
@@ -60,7 +54,7 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
             f"http://127.0.0.1:{port}/api/v1/teams/", headers={"Authorization": f"Bearer {token}"}
         ).json()
         assert [team["slug"] for team in teams["results"]] == ["demo"]
-        wait_for_line("INSTANCE READY", proc, tmp_path / "run.log", timeout=180)
+        wait_for_line("INSTANCE READY openai=", proc, tmp_path / "run.log", timeout=180)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{demo_port}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model="demo--tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -76,23 +70,6 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
         log.close()
         redis.Redis.from_url(REDIS_DB_URL).flushdb()
     assert "Demo ready." in (tmp_path / "run.log").read_text()
-
-
-def free_port_block(count: int) -> int:
-    """A base port whose next ``count - 1`` ports are free too (the demo takes four)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no block of free ports")
 
 
 def wait_for_line(text: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:

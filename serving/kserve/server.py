@@ -116,6 +116,7 @@ async def serve_kserve(
             installed.append(sig)
 
     sockets: list[socket.socket] = []
+    drain_deadline = 0.0
     grpc_server: Any = None
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[None]] = []
@@ -139,6 +140,7 @@ async def serve_kserve(
         await stop.wait()
 
         logger.info("draining: %d request(s) in flight", service.in_flight)
+        drain_deadline = loop.time() + drain_timeout
         service.begin_drain()
         if await service.wait_idle(drain_timeout):
             logger.info("drained")
@@ -150,7 +152,11 @@ async def serve_kserve(
             )
     finally:
         if grpc_server is not None:
-            await grpc_server.stop(grace=1.0)
+            # The engine is done, but a stream may still hold responses it has not delivered
+            # (the engine can outrun a slow reader): give them what is left of the drain time.
+            # An open stream with nothing left to send is cancelled at the deadline.
+            remaining = drain_deadline - loop.time() if drain_deadline else 0.0
+            await grpc_server.stop(grace=max(1.0, remaining))
         for server in servers:
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)

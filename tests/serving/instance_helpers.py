@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.package import MANIFEST_FORMAT, archive_bytes, file_entries
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,12 +86,6 @@ def build_package(
         files[key] = files[key].replace(b"vllm", b"vLLM")
     path.write_bytes(archive_bytes(files, meta))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

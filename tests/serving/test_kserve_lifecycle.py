@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import tritonclient.grpc as grpcclient
 
+from tests.ports import free_port
 from tests.serving.conftest import MODEL_NAME, write_repository
 from tests.serving.kserve_helpers import (
     READY,
@@ -25,12 +26,6 @@ from tests.serving.kserve_helpers import (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -40,7 +35,7 @@ def _refused(port: int) -> bool:
 
 
 def test_ports_open_only_when_ready_and_sigterm_drains_streams(model_repository, tmp_path) -> None:
-    ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     proc = launch(
         model_repository,
         tmp_path,

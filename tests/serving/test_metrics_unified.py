@@ -24,7 +24,8 @@ from serving.metrics.unified import (
     read_multiprocess,
     split_families,
 )
-from tests.serving.instance_helpers import free_port, write_vllm_metrics
+from tests.ports import free_port
+from tests.serving.instance_helpers import write_vllm_metrics
 
 # What Triton's vLLM backend with REPORT_CUSTOM_METRICS serves: nv_* families (counters without
 # a _total suffix) and bridged vllm:* families that collide with the multiprocess ones, plus
