@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "portal.registry",
     "portal.deployments",
+    "portal.cache",
     "portal.api",
 ]
 
@@ -142,6 +143,24 @@ ARTIFACT_FILE_ROOTS = [
     for p in env_list("ARTIFACT_FILE_ROOTS", [str(VAR_DIR / "artifacts")], sep=os.pathsep)
 ]
 
+# The model cache (portal/cache). Sources read their credentials from the environment the way
+# their libraries do: AWS_* (and AWS_ENDPOINT_URL_S3 for any S3-compatible store) for s3://,
+# HF_TOKEN / HF_ENDPOINT / HF_HUB_OFFLINE for hf://.
+#: Size the cache is kept within by evicting unused, unpinned versions (0 = unbounded).
+MODEL_CACHE_MAX_BYTES = int(os.environ.get("MODEL_CACHE_MAX_BYTES", "0"))
+#: Parallel ranged GETs per S3 object, and the size of each range.
+MODEL_CACHE_PARALLELISM = int(os.environ.get("MODEL_CACHE_PARALLELISM", "8"))
+MODEL_CACHE_PART_SIZE = int(os.environ.get("MODEL_CACHE_PART_SIZE", str(16 * 1024 * 1024)))
+#: Bandwidth cap for one copy, in bytes per second (0 = none).
+MODEL_CACHE_MAX_BYTES_PER_SECOND = int(os.environ.get("MODEL_CACHE_MAX_BYTES_PER_SECOND", "0"))
+#: A copy's Redis lease expires this long after its worker stops renewing it.
+MODEL_CACHE_LEASE_SECONDS = int(os.environ.get("MODEL_CACHE_LEASE_SECONDS", "60"))
+MODEL_CACHE_PROGRESS_INTERVAL = float(os.environ.get("MODEL_CACHE_PROGRESS_INTERVAL", "1.0"))
+#: A deployment finished less than this long ago still protects its versions from eviction.
+MODEL_CACHE_RECENT_USE_SECONDS = int(os.environ.get("MODEL_CACHE_RECENT_USE_SECONDS", "86400"))
+#: Where huggingface_hub downloads hf:// sources before they are copied into the cache.
+HF_HUB_CACHE_DIR = Path(os.environ.get("HF_HUB_CACHE_DIR", VAR_DIR / "hf-hub")).resolve()
+
 #: How long a stored ``Idempotency-Key`` answer is replayed before it is purged.
 IDEMPOTENCY_KEY_TTL_SECONDS = int(os.environ.get("IDEMPOTENCY_KEY_TTL_SECONDS", str(24 * 3600)))
 
@@ -168,6 +187,11 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "beat-heartbeat": {"task": "portal.core.tasks.beat_heartbeat", "schedule": 15.0},
+    "redrive-materializations": {
+        "task": "portal.cache.tasks.redrive_materializations",
+        "schedule": 60.0,
+    },
+    "evict-model-cache": {"task": "portal.cache.tasks.evict_model_cache", "schedule": 600.0},
     "purge-idempotency-keys": {
         "task": "portal.core.tasks.purge_expired_idempotency_keys",
         "schedule": 3600.0,

@@ -27,6 +27,11 @@ def build_demo_package(workdir: Path) -> Path:
     if not (weights / "config.json").is_file():
         shutil.rmtree(weights, ignore_errors=True)
         make_demo_model(weights)
+    return package_weights(weights, workdir / "demo-package.tar")
+
+
+def package_weights(weights: Path, package: Path) -> Path:
+    """A vLLM-backend package serving the model in ``weights`` as ``demo--tiny`` version 1."""
     files = vllm_repository_files(MODEL, 1, str(weights.resolve()), {"max_num_seqs": 16})
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -39,7 +44,6 @@ def build_demo_package(workdir: Path) -> Path:
         "weights": str(weights.resolve()),
         "files": file_entries(files),
     }
-    package = workdir / "demo-package.tar"
     package.write_bytes(archive_bytes(files, manifest))
     return package
 

@@ -42,6 +42,12 @@ def _artifact_root(settings, tmp_path):
     return root
 
 
+@pytest.fixture(autouse=True)
+def _model_cache_root(settings, tmp_path):
+    settings.MODEL_CACHE_ROOT = tmp_path / "model-cache"
+    settings.HF_HUB_CACHE_DIR = tmp_path / "hf-hub"
+
+
 @pytest.fixture
 def artifact_root(_artifact_root):
     return _artifact_root
@@ -191,9 +197,9 @@ def _test_database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{db['NAME']}"
 
 
-@pytest.fixture
-def celery_worker_process(transactional_db, clean_redis):
-    """A real ``celery worker`` process on the test database and the test Redis database."""
+def start_celery_worker(name: str = "test") -> subprocess.Popen:
+    """A real ``celery worker`` process on the test database and the test Redis database,
+    with this process's environment (so a test's ``monkeypatch.setenv`` reaches it)."""
     env = {
         **os.environ,
         "DATABASE_URL": _test_database_url(),
@@ -214,7 +220,7 @@ def celery_worker_process(transactional_db, clean_redis):
             "--loglevel",
             "WARNING",
             "--hostname",
-            f"test-{os.getpid()}@%h",
+            f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
             "--without-mingle",
             "--without-gossip",
         ],
@@ -229,10 +235,36 @@ def celery_worker_process(transactional_db, clean_redis):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail("the Celery worker did not come up")
-    yield proc
+    return proc
+
+
+def stop_celery_worker(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, clean_redis):
+    """A real worker for the test; fixtures that set its environment must come before it."""
+    proc = start_celery_worker()
+    yield proc
+    stop_celery_worker(proc)
+
+
+@pytest.fixture
+def worker_cache(monkeypatch, settings, tmp_path, artifact_root):
+    """The model cache and artifact roots, in this process's settings and in the environment
+    a worker process started afterwards reads them from."""
+    root = tmp_path / "model-cache"
+    monkeypatch.setenv("MODEL_CACHE_ROOT", str(root))
+    monkeypatch.setenv("ARTIFACT_FILE_ROOTS", str(artifact_root))
+    monkeypatch.setenv("HF_HUB_CACHE_DIR", str(tmp_path / "hf-hub"))
+    settings.MODEL_CACHE_ROOT = root
+    settings.HF_HUB_CACHE_DIR = tmp_path / "hf-hub"
+    return root

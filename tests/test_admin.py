@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from portal.accounts.models import ApiToken, Membership, Role
 from portal.accounts.tokens import TokenError, authenticate_token, issue_token
+from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
 from portal.core.transitions import transition_deployment
@@ -128,6 +129,7 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         PlatformRelease: versions[0].release,
         type(model): model,
         type(versions[0]): versions[0],
+        Materialization: Materialization.objects.get(version=versions[0]),
     }
     assert set(admin.site._registry) == set(objects), "a registered model has no case here"
 
@@ -145,6 +147,25 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         assert client.get(add_url).status_code == expected, model_class
 
     assert client.get(reverse("admin:index")).status_code == 200
+
+
+# --- Model cache ---------------------------------------------------------------------------
+
+
+def test_cache_changelist_shows_usage_and_pins(client, versions, settings):
+    blob = settings.MODEL_CACHE_ROOT / "blobs" / "sha256" / "ab" / ("ab" * 32)
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"x" * 2048)
+    records = [Materialization.objects.create(version=v, tree=f"t/{v.pk}") for v in versions]
+
+    page = client.get(changelist(Materialization)).content.decode()
+    assert "2.0\xa0KB in 1 distinct files" in page
+    assert "no size limit set" in page
+
+    run_action(client, Materialization, "pin", records[:1])
+    assert [r.pinned for r in Materialization.objects.order_by("pk")] == [True] + [False] * (
+        len(records) - 1
+    )
 
 
 # --- Platform releases ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from portal.cache.models import Materialization
 from portal.core.transitions import transition_version
 from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionState
 from tests.api_helpers import api_error, nothing_created
@@ -433,3 +434,27 @@ def test_version_events_endpoint(client, version, api, outsider):
         ("registered", "materializing", "copying 2 files")
     ]
     assert api(outsider).get(f"{VERSIONS}{version.pk}/events/").status_code == 404
+
+
+def test_version_shows_materialization_progress(client, version, api, outsider):
+    assert client.get(f"{VERSIONS}{version.pk}/").json()["materialization"] is None
+    Materialization.objects.create(
+        version=version, tree="models/x", state="copying", bytes_total=1000, bytes_done=250,
+        files_total=4, files_done=1,
+    )  # fmt: skip
+    body = client.get(f"{VERSIONS}{version.pk}/").json()["materialization"]
+    assert {k: body[k] for k in ("state", "bytes_done", "bytes_total", "files_done")} == {
+        "state": "copying", "bytes_done": 250, "bytes_total": 1000, "files_done": 1,
+    }  # fmt: skip
+
+
+def test_retry_sends_a_failed_version_back_to_the_copy(client, version, viewer_token, api):
+    error = api_error(client.post(f"{VERSIONS}{version.pk}/retry/"), 409, "not_failed")
+    assert "only failed versions are retried" in error["message"]
+
+    transition_version(version, VersionState.FAILED, reason="Access denied to s3://b/m")
+    assert api(viewer_token).post(f"{VERSIONS}{version.pk}/retry/").status_code == 403
+    response = client.post(f"{VERSIONS}{version.pk}/retry/")
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "registered"
+    assert response.json()["failure_reason"] == ""

@@ -25,6 +25,7 @@ EXPECTED_PATHS = {
     "/api/v1/versions/": {"get", "post"},
     "/api/v1/versions/{id}/": {"get", "patch"},
     "/api/v1/versions/{id}/events/": {"get"},
+    "/api/v1/versions/{id}/retry/": {"post"},
     "/api/v1/deployments/": {"get", "post"},
     "/api/v1/deployments/{id}/": {"get", "patch"},
     **{

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import time
 
 import pytest
 from google.protobuf import text_format
@@ -257,22 +258,27 @@ def test_only_materialized_versions_are_packaged(team, release, artifact_root):
     assert version.state == VersionState.REGISTERED
 
 
-@pytest.fixture
-def worker_model_cache(monkeypatch, settings, tmp_path):
-    """The worker process reads MODEL_CACHE_ROOT from its environment."""
-    root = tmp_path / "worker-cache"
-    monkeypatch.setenv("MODEL_CACHE_ROOT", str(root))
-    settings.MODEL_CACHE_ROOT = root
-    return root
-
-
-def test_package_task_through_a_real_worker(
-    worker_model_cache, celery_worker_process, team, release, artifact_root
+def test_registration_materializes_and_packages_through_a_real_worker(
+    worker_cache, celery_worker_process, team, release, artifact_root
 ):
-    version = materialized(make_version(make_model(team), artifact_root))
-    assert package_version_task.delay(version.pk).get(timeout=30) == "ready"
-    version.refresh_from_db()
-    assert version.state == VersionState.READY
-    assert (worker_model_cache / "packages" / f"{version.package_digest}.tar").is_file()
+    source = artifact_root / "ranker"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "llama"}')
+    (source / "model.safetensors").write_bytes(b"\0" * 4096)
+    version = make_version(make_model(team), artifact_root)  # enqueues the copy on commit
+    deadline = time.monotonic() + 60
+    while version.state not in (VersionState.READY, VersionState.FAILED):
+        assert time.monotonic() < deadline, f"stuck in {version.state}"
+        time.sleep(0.2)
+        version.refresh_from_db()
+    assert version.state == VersionState.READY, version.failure_reason
+    assert [(e.from_state, e.to_state) for e in version.events.all()] == [
+        ("registered", "materializing"),
+        ("materializing", "materialized"),
+        ("materialized", "packaging"),
+        ("packaging", "ready"),
+    ]
+    assert (weights_dir(version) / "model.safetensors").read_bytes() == b"\0" * 4096
+    assert (worker_cache / "packages" / f"{version.package_digest}.tar").is_file()
     assert package_version_task.delay(version.pk).get(timeout=30) == "ready"
     assert package_version_task.delay(10**9).get(timeout=30) == "missing"

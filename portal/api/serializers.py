@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts.models import Team
+from portal.cache.models import Materialization
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
@@ -104,19 +107,40 @@ class ModelOut(serializers.ModelSerializer):
         return number or None
 
 
+class MaterializationOut(serializers.ModelSerializer):
+    """The version's copy in the model cache: live progress while copying, then what is there."""
+
+    class Meta:
+        model = Materialization
+        fields = [
+            "state", "bytes_total", "bytes_done", "files_total", "files_done", "bytes_fetched",
+            "attempts", "source_revision", "error", "pinned", "started_at", "heartbeat_at",
+            "finished_at", "last_used_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
 class VersionOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     model_slug = serializers.CharField(source="model.slug", read_only=True)
     release = ReleaseOut(read_only=True)
+    materialization = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
         fields = [
             "id", "model", "model_slug", "team", "number", "artifact_uri", "backend",
             "engine_args", "io_spec", "api_surface", "constraint_plugins", "python_model",
-            "release", "state", "failure_reason", "package_digest", "package_manifest",
-            "state_changed_at", "created_at",
+            "release", "state", "failure_reason", "materialization", "package_digest",
+            "package_manifest", "state_changed_at", "created_at",
         ]  # fmt: skip
+
+    @extend_schema_field(MaterializationOut(allow_null=True))
+    def get_materialization(self, version: ModelVersion) -> dict | None:
+        try:
+            return MaterializationOut(version.materialization).data
+        except ObjectDoesNotExist:
+            return None
 
 
 class VersionEventOut(serializers.ModelSerializer):

@@ -136,7 +136,7 @@ class ModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMix
 
 
 class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
-    queryset = ModelVersion.objects.select_related("model__team", "release")
+    queryset = ModelVersion.objects.select_related("model__team", "release", "materialization")
     serializer_class = s.VersionOut
     filterset_class = filters.VersionFilter
     team_field = "model__team"
@@ -166,6 +166,16 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         self.require_write(version.model.team_id)
         data = self.valid_input(s.VersionUpdateIn, partial=True)
         version = registry_services.update_version(version, **data)
+        return self.answer(s.VersionOut, version)
+
+    @extend_schema(request=None, responses=s.VersionOut)
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        """Start a failed version again from the top (its failure reason was acted on); copies
+        resume from what earlier attempts left in the cache's staging area."""
+        version = self.get_object()
+        self.require_write(version.model.team_id)
+        version = registry_services.retry_version(version, actor=self.actor)
         return self.answer(s.VersionOut, version)
 
 

@@ -7,6 +7,7 @@ import itertools
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
 from portal.core.transitions import record_event, transition_deployment
@@ -68,8 +69,10 @@ def create_deployment(
     stages: list[int] | None = None,
     bake_seconds: int = 60,
 ) -> Deployment:
-    """Ask for ``version`` to be served. A version not yet ready is waited for by the controller."""
+    """Ask for ``version`` to be served. A version not yet ready is waited for by the controller,
+    and one whose weights were evicted from the model cache is copied back first."""
     _check_version(model, version)
+    prepare_for_deploy(version)
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
     stages = validate_stages(stages if stages is not None else [10, 50, 100])
@@ -142,6 +145,7 @@ def _start_new_rollout(deployment: Deployment, version: ModelVersion, actor: Act
             {"version": ["A Versioned deployment serves one version; create a new deployment."]}
         )
     _check_version(deployment.model, version)
+    prepare_for_deploy(version)
     if deployment.observed_state != ObservedState.SERVING or (
         deployment.desired_state != DesiredState.ACTIVE
     ):

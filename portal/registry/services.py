@@ -11,7 +11,10 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from portal.accounts.models import Team
+from portal.cache.services import request_materialization
+from portal.core.actors import Actor
 from portal.core.errors import Conflict
+from portal.core.transitions import transition_version
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -114,6 +117,22 @@ def register_version(
             release=release,
             created_by=created_by,
         )
+        request_materialization(version)  # enqueued when the transaction commits
+    return version
+
+
+def retry_version(version: ModelVersion, *, actor: Actor) -> ModelVersion:
+    """Send a failed version back to ``registered`` and copy it again."""
+    if version.state != VersionState.FAILED:
+        raise Conflict(
+            f"Version {version.number} is {version.state}; only failed versions are retried.",
+            code="not_failed",
+        )
+    with transaction.atomic():
+        version = transition_version(
+            version, VersionState.REGISTERED, reason="Retry requested.", actor=actor
+        )
+        request_materialization(version)
     return version
 
 

@@ -1,0 +1,140 @@
+"""Where weights come from: ``s3://bucket/prefix``, ``hf://org/name@revision`` and
+``file:///path`` under the configured roots, behind one small interface.
+
+A source lists its files with whatever checksums it knows, and copies one file into a staging
+tree, resuming what an earlier attempt left there when it can. Verification, deduplication and
+publishing are the materializer's job, the same for every source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from portal.cache.progress import Progress, Throttle
+from portal.cache.store import Staging
+
+CHUNK = 8 * 1024 * 1024
+
+
+class SourceError(Exception):
+    """The copy cannot go on; the message is the version's failure reason, so it says what to
+    fix (a missing object, denied access, a changed file, a full disk)."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    #: Path inside the version's tree, already checked by ``safe_relpath``.
+    path: str
+    size: int
+    #: Where the source finds it: an S3 key, an absolute local path.
+    locator: str = ""
+    sha256: str | None = None
+    md5: str | None = None
+    #: Git's blob id (``sha1("blob <size>\0" + content)``), what the Hub names small files by.
+    git_sha1: str | None = None
+    #: Source metadata worth recording in the manifest (an S3 ETag, for one).
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    parallelism: int = 8
+    part_size: int = 8 * 1024 * 1024
+    throttle: Throttle = field(default_factory=lambda: Throttle(0))
+
+
+class Source(ABC):
+    uri: str
+    #: The exact revision copied (a Hub commit); blank where the source has none.
+    revision: str = ""
+
+    @abstractmethod
+    def list_files(self) -> list[SourceFile]:
+        """Every file to copy, with sizes and any checksums the source states."""
+
+    @abstractmethod
+    def fetch(
+        self, file: SourceFile, staging: Staging, progress: Progress, options: CopyOptions
+    ) -> str | None:
+        """Copy ``file`` to ``staging.file(file.path)``, resuming a partial copy where possible.
+
+        Returns the file's sha256 when it was computed while streaming, else None (the caller
+        hashes the finished file).
+        """
+
+
+def copy_stream(read, write, sha, progress: Progress, throttle: Throttle) -> None:
+    """Copy from ``read(n)`` to ``write(b)`` in large chunks, hashing as it goes."""
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            return
+        throttle.consume(len(chunk))
+        if sha is not None:
+            sha.update(chunk)
+        write(chunk)
+        progress.add(len(chunk))
+
+
+def copy_file(src: str, dest: Path, progress: Progress, options: CopyOptions) -> str:
+    """Copy a local file into a staging tree in one pass; returns its sha256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sha = hashlib.sha256()
+    with open(src, "rb", buffering=0) as source, open(dest, "wb") as out:
+        copy_stream(source.read, out.write, sha, progress, options.throttle)
+    return sha.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileDigests:
+    sha256: str
+    md5: str | None
+    git_sha1: str | None
+
+
+def digest_file(path: Path, *, md5: bool = False, git_sha1: bool = False) -> FileDigests:
+    """sha256 of a file, plus the other digests a source may have stated, in one read."""
+    sha = hashlib.sha256()
+    md = hashlib.md5(usedforsecurity=False) if md5 else None
+    git = None
+    if git_sha1:
+        git = hashlib.sha1(usedforsecurity=False)
+        git.update(b"blob %d\0" % path.stat().st_size)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            chunk = view[:n]
+            sha.update(chunk)
+            if md is not None:
+                md.update(chunk)
+            if git is not None:
+                git.update(chunk)
+    return FileDigests(
+        sha.hexdigest(), md.hexdigest() if md else None, git.hexdigest() if git else None
+    )
+
+
+def open_source(uri: str) -> Source:
+    """The source for an artifact URI; the URI was validated when the version was registered,
+    and local paths are checked against the allowed roots again here."""
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "s3":
+        from portal.cache.sources.s3 import S3Source
+
+        return S3Source(uri, bucket=parts.netloc, prefix=unquote(parts.path.lstrip("/")))
+    if scheme == "hf":
+        from portal.cache.sources.hf import HubSource
+
+        repo, _, revision = (parts.netloc + parts.path).partition("@")
+        return HubSource(uri, repo_id=repo.strip("/"), revision=revision or "main")
+    if scheme == "file":
+        from portal.cache.sources.local import LocalSource
+
+        return LocalSource(uri, Path(unquote(parts.path)))
+    raise SourceError(f"Scheme {scheme or '(none)'!r} is not a supported artifact source.")

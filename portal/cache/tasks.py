@@ -1,0 +1,33 @@
+"""Celery tasks of the model cache. Thin: each calls the service, and each is safe to repeat."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from portal.cache import services
+from portal.registry.tasks import package_version_task
+
+
+@shared_task(acks_late=True)
+def materialize_version_task(version_id: int) -> str:
+    """Copy a version's weights into the cache, then hand it to packaging."""
+    outcome = services.materialize(version_id)
+    if outcome in ("materialized", "present"):
+        package_version_task.delay(version_id)
+    return outcome
+
+
+@shared_task
+def redrive_materializations() -> list[int]:
+    """Beat: enqueue again every copy that should be running and is not (a killed worker)."""
+    version_ids = services.stalled_versions()
+    for version_id in version_ids:
+        materialize_version_task.delay(version_id)
+    return version_ids
+
+
+@shared_task
+def evict_model_cache() -> dict[str, object]:
+    """Beat: keep the cache within ``MODEL_CACHE_MAX_BYTES``."""
+    report = services.evict()
+    return {"evicted": report.evicted, "freed_bytes": report.freed_bytes}

@@ -1,0 +1,40 @@
+"""S3 as a real HTTP server on loopback (moto in server mode), and a cache-ready test setup."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.ports import free_port
+
+BUCKET = "weights"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch):
+    """A boto3 client on the moto server, a fresh bucket, and the environment the workers'
+    boto3 reads (the same variables production sets for any S3-compatible store)."""
+    for name, value in {
+        "AWS_ENDPOINT_URL_S3": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    yield client
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
+    client.delete_bucket(Bucket=BUCKET)
