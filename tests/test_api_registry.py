@@ -5,7 +5,10 @@ Each refused call is checked for its error body and for leaving no row behind.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from portal.cache.models import Materialization
 from portal.core.transitions import transition_version
@@ -438,14 +441,19 @@ def test_version_events_endpoint(client, version, api, outsider):
 
 def test_version_shows_materialization_progress(client, version, api, outsider):
     assert client.get(f"{VERSIONS}{version.pk}/").json()["materialization"] is None
+    started = timezone.now() - timedelta(seconds=10)
     Materialization.objects.create(
         version=version, tree="models/x", state="copying", bytes_total=1000, bytes_done=250,
-        files_total=4, files_done=1,
+        bytes_fetched=200, files_total=4, files_done=1, started_at=started,
+        heartbeat_at=started + timedelta(seconds=4),
     )  # fmt: skip
     body = client.get(f"{VERSIONS}{version.pk}/").json()["materialization"]
     assert {k: body[k] for k in ("state", "bytes_done", "bytes_total", "files_done")} == {
         "state": "copying", "bytes_done": 250, "bytes_total": 1000, "files_done": 1,
     }  # fmt: skip
+    assert body["rate_bytes_per_second"] == 50.0  # 200 bytes fetched in 4 s
+    assert body["eta_seconds"] == 15.0  # 750 bytes to go
+    assert api(outsider).get(f"{VERSIONS}{version.pk}/").status_code == 404
 
 
 def test_retry_sends_a_failed_version_back_to_the_copy(client, version, viewer_token, api):

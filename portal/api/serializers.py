@@ -110,11 +110,14 @@ class ModelOut(serializers.ModelSerializer):
 class MaterializationOut(serializers.ModelSerializer):
     """The version's copy in the model cache: live progress while copying, then what is there."""
 
+    rate_bytes_per_second = serializers.FloatField(read_only=True, allow_null=True)
+    eta_seconds = serializers.FloatField(read_only=True, allow_null=True)
+
     class Meta:
         model = Materialization
         fields = [
             "state", "bytes_total", "bytes_done", "files_total", "files_done", "bytes_fetched",
-            "attempts", "source_revision", "error", "pinned", "started_at", "heartbeat_at",
+            "rate_bytes_per_second", "eta_seconds", "attempts", "source_revision", "error", "pinned", "started_at", "heartbeat_at",
             "finished_at", "last_used_at",
         ]  # fmt: skip
         read_only_fields = fields

@@ -52,3 +52,18 @@ class Materialization(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} in the cache ({self.state})"
+
+    @property
+    def rate_bytes_per_second(self) -> float | None:
+        """Source bytes per second of the running copy, from its last heartbeat."""
+        if self.state != CopyState.COPYING or not (self.started_at and self.heartbeat_at):
+            return None
+        elapsed = (self.heartbeat_at - self.started_at).total_seconds()
+        return self.bytes_fetched / elapsed if elapsed > 0 and self.bytes_fetched else None
+
+    @property
+    def eta_seconds(self) -> float | None:
+        rate = self.rate_bytes_per_second
+        if rate is None:
+            return None
+        return max(0.0, (self.bytes_total - self.bytes_done) / rate)

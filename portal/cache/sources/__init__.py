@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from portal.cache import filecopy
 from portal.cache.progress import Progress, Throttle
 from portal.cache.store import Staging
 
@@ -67,26 +68,9 @@ class Source(ABC):
         """
 
 
-def copy_stream(read, write, sha, progress: Progress, throttle: Throttle) -> None:
-    """Copy from ``read(n)`` to ``write(b)`` in large chunks, hashing as it goes."""
-    while True:
-        chunk = read(CHUNK)
-        if not chunk:
-            return
-        throttle.consume(len(chunk))
-        if sha is not None:
-            sha.update(chunk)
-        write(chunk)
-        progress.add(len(chunk))
-
-
 def copy_file(src: str, dest: Path, progress: Progress, options: CopyOptions) -> str:
     """Copy a local file into a staging tree in one pass; returns its sha256."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    sha = hashlib.sha256()
-    with open(src, "rb", buffering=0) as source, open(dest, "wb") as out:
-        copy_stream(source.read, out.write, sha, progress, options.throttle)
-    return sha.hexdigest()
+    return filecopy.copy_file(src, dest, progress, options.throttle)
 
 
 @dataclass(frozen=True)
