@@ -44,9 +44,12 @@ from bench.machine import ROOT, free_port, machine_info
 MiB = 1024 * 1024
 
 
-def _median_seconds(fn, runs: int) -> float:
+def _median_seconds(fn, runs: int, setup=None) -> float:
+    """Median wall time of ``fn``; ``setup`` (removing the previous copy) is not timed."""
     times = []
     for _ in range(runs):
+        if setup is not None:
+            setup()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -70,26 +73,29 @@ def bench_local(work: Path, size: int, runs: int) -> dict[str, Any]:
     src = source_dir / "model.safetensors"
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # page cache
 
-    def cp() -> None:
-        dst = work / "cp.out"
+    dst, cache = work / "cp.out", work / "cache"
+
+    def clean() -> None:
         dst.unlink(missing_ok=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        subprocess.run(["sync"], check=True)
+
+    def cp() -> None:
         subprocess.run(["cp", str(src), str(dst)], check=True)
 
     def cp_sync() -> None:
         cp()
-        subprocess.run(["sync", str(work / "cp.out")], check=True)
+        subprocess.run(["sync", str(dst)], check=True)
 
     def materialize() -> None:
-        cache = work / "cache"
-        shutil.rmtree(cache, ignore_errors=True)
         store = ContentStore(cache)
         source = LocalSource(f"file://{source_dir}", source_dir)
         copy_version(source, store, store.staging("v"), Progress(), CopyOptions())
 
     results = {
-        "cp": _median_seconds(cp, runs),
-        "cp_then_sync": _median_seconds(cp_sync, runs),
-        "materialize": _median_seconds(materialize, runs),
+        "cp": _median_seconds(cp, runs, clean),
+        "cp_then_sync": _median_seconds(cp_sync, runs, clean),
+        "materialize": _median_seconds(materialize, runs, clean),
     }
     return {
         "size_mib": size / MiB,

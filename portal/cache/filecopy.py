@@ -3,8 +3,11 @@
 A copy into the cache must hash every byte (content addressing, verification) and be durable
 before it is published (fsync). Done one after another, sha256, the write and the final fsync
 add up; here they overlap: this thread reads and hashes each chunk while a writer thread
-writes the previous ones and flushes to disk every ``SYNC_EVERY`` bytes, so write-back runs
-during the copy instead of all at the end. The bytes written are the bytes hashed.
+writes the previous ones, and every ``WRITEBACK_EVERY`` bytes asks the kernel to start writing
+them to disk (``POSIX_FADV_DONTNEED`` starts write-back of a dirty range without waiting for
+it, and lets the pages go once clean: the worker will not read them again). The final fsync
+then waits only for the tail. A periodic ``fdatasync`` instead measured slower: it stalls the
+writer and leaves the disk idle between bursts. The bytes written are the bytes hashed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from portal.cache.progress import Progress, Throttle
 
 CHUNK = 8 * 1024 * 1024
 BUFFERS = 4
-SYNC_EVERY = 64 * 1024 * 1024
+WRITEBACK_EVERY = 32 * 1024 * 1024
 
 
 class _Writer(threading.Thread):
@@ -33,20 +36,20 @@ class _Writer(threading.Thread):
     def run(self) -> None:
         try:
             with open(self.dest, "wb", buffering=0) as out:
-                unsynced = 0
+                written = started = 0
                 while (item := self.full.get()) is not None:
                     buffer, size = item
-                    if self.error is None:
-                        view = memoryview(buffer)[:size]
-                        while view:
-                            view = view[out.write(view) :]
-                        unsynced += size
-                        if unsynced >= SYNC_EVERY:
-                            os.fdatasync(out.fileno())
-                            unsynced = 0
+                    view = memoryview(buffer)[:size]
+                    while view:
+                        view = view[out.write(view) :]
+                    written += size
                     self.free.put(buffer)
-                if self.error is None:
-                    os.fsync(out.fileno())
+                    if written - started >= WRITEBACK_EVERY and hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(
+                            out.fileno(), started, written - started, os.POSIX_FADV_DONTNEED
+                        )
+                        started = written
+                os.fsync(out.fileno())
         except BaseException as exc:  # handed to the reading thread, which re-raises it
             self.error = exc
             self._drain()
