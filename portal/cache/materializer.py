@@ -111,7 +111,12 @@ def _fetch_verified(
     path = staging.file(file.path)
     size = path.stat().st_size
     if streamed is None or file.md5 or file.git_sha1:
-        digests = digest_file(path, md5=bool(file.md5), git_sha1=bool(file.git_sha1))
+        digests = digest_file(
+            path,
+            md5=bool(file.md5),
+            md5_part_size=file.md5_part_size,
+            git_sha1=bool(file.git_sha1),
+        )
         sha256, md5, git = digests.sha256, digests.md5, digests.git_sha1
     else:
         sha256, md5, git = streamed, None, None

@@ -15,6 +15,7 @@ from django.db import connection
 
 from portal.cache import services
 from portal.cache.models import CopyState, Materialization
+from portal.cache.sources import open_source
 from portal.cache.store import ContentStore
 from portal.cache.tasks import redrive_materializations
 from portal.registry.models import VersionState
@@ -271,3 +272,75 @@ def wait_for(check, timeout: float, interval: float = 0.1):
             return result
         time.sleep(interval)
     raise AssertionError("condition not met in time")
+
+
+def test_multipart_uploads_are_checked_against_their_composite_etag(
+    worker_cache, s3, small_parts, team, release, tmp_path
+):
+    from boto3.s3.transfer import TransferConfig
+
+    data = blob(13 * MiB + 5, 8)
+    (tmp_path / "w").write_bytes(data)
+    parts = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    s3.upload_file(str(tmp_path / "w"), BUCKET, "mp/v1/w.safetensors", Config=parts)
+    etag = s3.head_object(Bucket=BUCKET, Key="mp/v1/w.safetensors")["ETag"].strip('"')
+    assert etag.endswith("-3")
+    version = make_version(make_model(team), worker_cache, artifact_uri=f"s3://{BUCKET}/mp/v1")
+
+    source_file = open_source(version.artifact_uri).list_files()[0]
+    assert (source_file.md5, source_file.md5_part_size) == (etag, 5 * MiB)
+    assert services.materialize(version.pk) == "materialized"
+    assert tree_files(version) == {"w.safetensors": data}
+
+
+def test_an_object_replaced_during_the_copy_fails_instead_of_mixing_bytes(
+    worker_cache, s3, small_parts, team, release, settings
+):
+    settings.MODEL_CACHE_PART_SIZE = 1 * MiB
+    settings.MODEL_CACHE_PARALLELISM = 1
+    settings.MODEL_CACHE_MAX_BYTES_PER_SECOND = 8 * MiB  # about 2 s for the object
+    uri = upload(s3, "chg/v1", {"w.safetensors": blob(16 * MiB, 9)})
+    version = make_version(make_model(team), worker_cache, artifact_uri=uri)
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            outcome.append(services.materialize(version.pk))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(
+        lambda: Materialization.objects.filter(version=version, bytes_done__gt=2 * MiB).exists(),
+        timeout=30,
+    )
+    upload(s3, "chg/v1", {"w.safetensors": blob(16 * MiB, 10)})
+    thread.join()
+
+    assert outcome == ["failed"]
+    version.refresh_from_db()
+    assert "changed while it was being copied" in version.failure_reason
+    assert not weights_dir(version).exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "needle"),
+    [
+        ("AccessDenied", 403, "Access denied to s3://b/k: give the workers' credentials"),
+        ("NoSuchKey", 404, "does not exist (it was deleted or renamed during the copy)"),
+        ("NoSuchBucket", 404, "the bucket does not exist"),
+        ("PreconditionFailed", 412, "changed while it was being copied"),
+        ("SlowDown", 503, "S3 error on s3://b/k: SlowDown"),
+    ],
+)
+def test_s3_errors_become_reasons_a_human_can_act_on(code, status, needle):
+    from botocore.exceptions import ClientError
+
+    from portal.cache.sources.s3 import _explain
+
+    error = ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
+    assert needle in str(_explain(error, "s3://b/k"))

@@ -34,7 +34,10 @@ class SourceFile:
     #: Where the source finds it: an S3 key, an absolute local path.
     locator: str = ""
     sha256: str | None = None
+    #: An S3 ETag that is an MD5: of the whole object, or (``<hex>-<parts>``) of the MD5s of
+    #: its upload parts of ``md5_part_size`` bytes.
     md5: str | None = None
+    md5_part_size: int = 0
     #: Git's blob id (``sha1("blob <size>\0" + content)``), what the Hub names small files by.
     git_sha1: str | None = None
     #: Source metadata worth recording in the manifest (an S3 ETag, for one).
@@ -80,10 +83,45 @@ class FileDigests:
     git_sha1: str | None
 
 
-def digest_file(path: Path, *, md5: bool = False, git_sha1: bool = False) -> FileDigests:
+class ETagHasher:
+    """The ETag S3 gives an object: the MD5 of its bytes, or for an object uploaded in parts of
+    ``part_size`` bytes, the MD5 of the parts' MD5s followed by ``-<number of parts>``."""
+
+    def __init__(self, part_size: int = 0) -> None:
+        self.part_size = part_size
+        self.whole = hashlib.md5(usedforsecurity=False)
+        self.parts: list[bytes] = []
+        self.part = hashlib.md5(usedforsecurity=False)
+        self.in_part = 0
+
+    def update(self, data: memoryview) -> None:
+        if not self.part_size:
+            self.whole.update(data)
+            return
+        while data:
+            take = min(len(data), self.part_size - self.in_part)
+            self.part.update(data[:take])
+            self.in_part += take
+            data = data[take:]
+            if self.in_part == self.part_size:
+                self.parts.append(self.part.digest())
+                self.part = hashlib.md5(usedforsecurity=False)
+                self.in_part = 0
+
+    def hexdigest(self) -> str:
+        if not self.part_size:
+            return self.whole.hexdigest()
+        parts = self.parts + ([self.part.digest()] if self.in_part else [])
+        combined = hashlib.md5(b"".join(parts), usedforsecurity=False).hexdigest()
+        return f"{combined}-{len(parts)}"
+
+
+def digest_file(
+    path: Path, *, md5: bool = False, md5_part_size: int = 0, git_sha1: bool = False
+) -> FileDigests:
     """sha256 of a file, plus the other digests a source may have stated, in one read."""
     sha = hashlib.sha256()
-    md = hashlib.md5(usedforsecurity=False) if md5 else None
+    md = ETagHasher(md5_part_size) if md5 else None
     git = None
     if git_sha1:
         git = hashlib.sha1(usedforsecurity=False)

@@ -99,14 +99,22 @@ class S3Source(Source):
         return files
 
     def _describe(self, key: str, rel: str, size: int) -> SourceFile:
-        """Ask for the checksums S3 keeps for this object: a full-object SHA-256 checksum,
-        the ETag (the MD5 for objects uploaded in one part), or the ``sha256`` user metadata."""
+        """Ask for the checksums S3 keeps for this object: a full-object SHA-256 checksum, the
+        ``sha256`` user metadata, and the ETag, an MD5 of the bytes (or, for a multipart
+        upload, of its parts' MD5s: then the first part's size, asked with ``PartNumber=1``,
+        says how to recompute it)."""
+        where = f"s3://{self.bucket}/{key}"
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            etag = head.get("ETag", "").strip('"')
+            md5, part_size = _etag_md5(etag), 0
+            if md5 and "-" in md5 and int(md5.rsplit("-", 1)[1]) > 1:
+                first = self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1)
+                part_size = int(first["ContentLength"])
+            elif md5 and "-" in md5:  # one part: the part's MD5 is the object's
+                part_size = size
         except ClientError as exc:
-            raise _explain(exc, f"s3://{self.bucket}/{key}") from exc
-        etag = head.get("ETag", "").strip('"')
-        md5 = etag if len(etag) == 32 and "-" not in etag else None
+            raise _explain(exc, where) from exc
         sha256 = None
         if head.get("ChecksumSHA256") and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
             raw = head["ChecksumSHA256"]
@@ -116,7 +124,13 @@ class S3Source(Source):
         if meta:
             sha256 = meta.lower()
         return SourceFile(
-            path=rel, size=size, locator=key, sha256=sha256, md5=md5, extra={"etag": etag}
+            path=rel,
+            size=size,
+            locator=key,
+            sha256=sha256,
+            md5=md5,
+            md5_part_size=part_size,
+            extra={"etag": etag},
         )
 
     def fetch(
@@ -224,6 +238,17 @@ class S3Source(Source):
             attempt()
         except _Retryable as exc:
             raise SourceError(f"Copy of {where} kept failing: {exc}") from exc
+
+
+def _etag_md5(etag: str) -> str | None:
+    """The ETag when it is an MD5 (``<32 hex>`` or ``<32 hex>-<parts>``); SSE-KMS objects and
+    some S3-compatible stores give other ETags, which say nothing checkable."""
+    digest, _, parts = etag.partition("-")
+    if len(digest) != 32 or any(c not in "0123456789abcdef" for c in digest.lower()):
+        return None
+    if parts and not parts.isdigit():
+        return None
+    return etag.lower()
 
 
 def _part_len(index: int, part_size: int, size: int) -> int:
