@@ -212,7 +212,7 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
         finished_at=None,
         **progress.snapshot(),
     )
-    staging = cache.staging(record.tree.replace("/", "--"))
+    staging = cache.staging(f"version-{version.pk}")
     try:
         with Heartbeat(record.pk, progress, lease) as heartbeat:
             source = open_source(version.artifact_uri)
@@ -220,6 +220,10 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
             heartbeat.flush()
     except SourceError as exc:
         _fail(version, record, str(exc), progress)
+        return "failed"
+    except OSError as exc:  # the cache volume itself: permissions, a lost mount, ...
+        where = exc.filename or cache.root
+        _fail(version, record, f"Cannot write the model cache ({where}): {exc.strerror}.", progress)
         return "failed"
     cache.publish(staging, record.tree, manifest)
     _mark_present(version, record, manifest, note=_summary(progress))

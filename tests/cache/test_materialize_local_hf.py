@@ -138,3 +138,19 @@ def test_hub_repo_missing_offline_is_explained(offline_hub, team, release):
     assert services.materialize(version.pk) == "failed"
     version.refresh_from_db()
     assert "not in the worker's Hub cache" in version.failure_reason
+
+
+def test_an_unusable_cache_volume_fails_with_the_reason(
+    worker_cache, artifact_root, tmp_path, settings, team, release
+):
+    source = artifact_root / "m"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (tmp_path / "not-a-dir").write_text("")
+    settings.MODEL_CACHE_ROOT = tmp_path / "not-a-dir" / "cache"
+    version = make_version(make_model(team), artifact_root, artifact_uri=f"file://{source}")
+
+    assert services.materialize(version.pk) == "failed"
+    version.refresh_from_db()
+    assert version.failure_reason.startswith("Cannot write the model cache (")
+    assert "Not a directory" in version.failure_reason
