@@ -193,7 +193,9 @@ def test_concurrent_requests_copy_once(worker_cache, s3, small_parts, team, rele
     for thread in threads:
         thread.join()
 
-    assert sorted(outcomes) == ["busy", "busy", "materialized"]
+    # One copies; the others find it busy (or, on a very slow machine, already present).
+    assert outcomes.count("materialized") == 1
+    assert set(outcomes) - {"materialized"} <= {"busy", "present"}
     record = Materialization.objects.get(version=version)
     assert record.attempts == 1 and record.bytes_fetched == len(data)
     assert tree_files(version) == {"w.safetensors": data}
