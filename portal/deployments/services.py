@@ -72,7 +72,6 @@ def create_deployment(
     """Ask for ``version`` to be served. A version not yet ready is waited for by the controller,
     and one whose weights were evicted from the model cache is copied back first."""
     _check_version(model, version)
-    prepare_for_deploy(version)
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
     stages = validate_stages(stages if stages is not None else [10, 50, 100])
@@ -108,6 +107,7 @@ def create_deployment(
             why = f"version {version.number} already has a live Versioned deployment"
         first = existing.first()
         raise Conflict(f"Cannot deploy: {why} (deployment {first.pk if first else '?'}).") from exc
+    prepare_for_deploy(version)  # only once the deploy is accepted
     return deployment
 
 
@@ -145,7 +145,6 @@ def _start_new_rollout(deployment: Deployment, version: ModelVersion, actor: Act
             {"version": ["A Versioned deployment serves one version; create a new deployment."]}
         )
     _check_version(deployment.model, version)
-    prepare_for_deploy(version)
     if deployment.observed_state != ObservedState.SERVING or (
         deployment.desired_state != DesiredState.ACTIVE
     ):
@@ -164,3 +163,4 @@ def _start_new_rollout(deployment: Deployment, version: ModelVersion, actor: Act
         current_stage=0,
         promote_requested=False,
     )
+    prepare_for_deploy(version)
