@@ -45,29 +45,20 @@ def copy_version(
     progress.bytes_total = sum(f.size for f in files)
     progress.files_total = len(files)
     done = staging.ledger()
-    todo = [f for f in files if not _already_done(f, done.get(f.path))]
-    check_space(store.root, sum(f.size for f in todo if not _in_store(store, f)))
+    resumed = {f.path for f in files if _already_done(f, done.get(f.path))}
+    to_fetch = [f for f in files if f.path not in resumed and not _in_store(store, f)]
+    check_space(store.root, sum(f.size for f in to_fetch))
 
     entries: dict[str, LedgerEntry] = {}
     for file in files:
-        if file not in todo:
+        if file.path in resumed:
             entries[file.path] = done[file.path]
             progress.add(file.size, fetched=False)
-            progress.file_done()
-            continue
-        # The source states a digest the cache already holds: link it, fetch nothing.
-        if (
-            file.sha256
-            and _in_store(store, file)
-            and store.link_existing(file.sha256, staging.file(file.path))
-        ):
-            entry = LedgerEntry(file.path, file.sha256, file.size)
-            staging.record(entry)
-            entries[file.path] = entry
+        elif (linked := _link_known(store, staging, file)) is not None:
+            entries[file.path] = linked
             progress.add(file.size, fetched=False)
-            progress.file_done()
-            continue
-        entries[file.path] = _fetch_verified(source, file, store, staging, progress, options)
+        else:
+            entries[file.path] = _fetch_verified(source, file, store, staging, progress, options)
         progress.file_done()
 
     return {
@@ -89,6 +80,17 @@ def _already_done(file: SourceFile, entry: LedgerEntry | None) -> bool:
 
 def _in_store(store: ContentStore, file: SourceFile) -> bool:
     return bool(file.sha256) and store.has_blob(file.sha256 or "", file.size)
+
+
+def _link_known(store: ContentStore, staging: Staging, file: SourceFile) -> LedgerEntry | None:
+    """The source states a sha256 the cache already holds: link it, fetch nothing."""
+    if not (file.sha256 and _in_store(store, file)):
+        return None
+    if not store.link_existing(file.sha256, staging.file(file.path)):
+        return None  # collected since we looked
+    entry = LedgerEntry(file.path, file.sha256, file.size)
+    staging.record(entry)
+    return entry
 
 
 def _fetch_verified(

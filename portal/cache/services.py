@@ -22,6 +22,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from portal.cache.layout import tree_for
 from portal.cache.materializer import copy_version
 from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
@@ -36,13 +37,6 @@ log = logging.getLogger(__name__)
 
 def store() -> ContentStore:
     return ContentStore(settings.MODEL_CACHE_ROOT)
-
-
-def tree_for(version: ModelVersion) -> str:
-    """Where the version's weights live, relative to the cache root; packaging points
-    ``model.json`` at the same place (``registry.packaging.weights_dir``)."""
-    model = version.model
-    return f"models/{model.team.slug}/{model.slug}/{version.number}"
 
 
 def record_for(version: ModelVersion) -> Materialization:

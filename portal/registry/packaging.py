@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
+from portal.cache.layout import tree_for
 from portal.registry.models import Backend, ModelVersion
 from portal.registry.validation import (
     validate_engine_args,
@@ -55,8 +56,7 @@ def triton_model_name(version: ModelVersion) -> str:
 
 def weights_dir(version: ModelVersion) -> Path:
     """Where materialization leaves this version's weights and tokenizer in the model cache."""
-    model = version.model
-    return settings.MODEL_CACHE_ROOT / "models" / model.team.slug / model.slug / str(version.number)
+    return settings.MODEL_CACHE_ROOT / tree_for(version)
 
 
 def packages_dir() -> Path:
