@@ -161,6 +161,34 @@ MODEL_CACHE_RECENT_USE_SECONDS = int(os.environ.get("MODEL_CACHE_RECENT_USE_SECO
 #: Where huggingface_hub downloads hf:// sources before they are copied into the cache.
 HF_HUB_CACHE_DIR = Path(os.environ.get("HF_HUB_CACHE_DIR", VAR_DIR / "hf-hub")).resolve()
 
+# --- Rollouts (portal/deployments) ------------------------------------------------------------
+
+#: Where instances run: ``local`` (serving processes on this machine, behind the local gateway)
+#: or ``kubernetes``.
+INSTANCE_LAUNCHER = os.environ.get("INSTANCE_LAUNCHER", "local")
+#: Local launcher: one directory per instance (its pid record, log and work directory).
+INSTANCE_RUN_ROOT = Path(os.environ.get("INSTANCE_RUN_ROOT", VAR_DIR / "instances")).resolve()
+#: Where instances are containers (Kubernetes), the serving image built from
+#: docker/serving.Dockerfile, tagged with the platform release's name.
+SERVING_IMAGE_REPOSITORY = os.environ.get("SERVING_IMAGE_REPOSITORY", "llm-serving/serving")
+#: How long a stopped instance may take to finish its in-flight requests.
+INSTANCE_DRAIN_SECONDS = float(os.environ.get("INSTANCE_DRAIN_SECONDS", "30"))
+#: The local gateway's public URL, shown to callers (``serving.gateway``).
+GATEWAY_URL = os.environ.get("GATEWAY_URL", "http://127.0.0.1:8080").rstrip("/")
+#: The Redis key prefix the gateway's routing table lives under.
+GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", "gateway")
+#: While a rollout waits for something, it looks again this often.
+RECONCILE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_INTERVAL_SECONDS", "0.5"))
+#: A deployment at rest (serving) is checked this often, to replace crashed instances.
+RECONCILE_IDLE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_IDLE_INTERVAL_SECONDS", "5"))
+#: Beat re-drives a live deployment not reconciled for this long (its worker died).
+RECONCILE_STALE_SECONDS = float(os.environ.get("RECONCILE_STALE_SECONDS", "20"))
+#: The error rate of a bake is judged only once the new version served this many requests.
+ROLLOUT_MIN_REQUESTS = int(os.environ.get("ROLLOUT_MIN_REQUESTS", "10"))
+#: A Versioned deployment that is not its model's newest and had no request for this long is
+#: retired by the cleanup task.
+VERSIONED_IDLE_SECONDS = int(os.environ.get("VERSIONED_IDLE_SECONDS", str(24 * 3600)))
+
 #: How long a stored ``Idempotency-Key`` answer is replayed before it is purged.
 IDEMPOTENCY_KEY_TTL_SECONDS = int(os.environ.get("IDEMPOTENCY_KEY_TTL_SECONDS", str(24 * 3600)))
 
@@ -192,6 +220,14 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
     },
     "evict-model-cache": {"task": "portal.cache.tasks.evict_model_cache", "schedule": 600.0},
+    "redrive-deployments": {
+        "task": "portal.deployments.tasks.redrive_deployments",
+        "schedule": 10.0,
+    },
+    "clean-up-versioned": {
+        "task": "portal.deployments.tasks.clean_up_versioned",
+        "schedule": 300.0,
+    },
     "purge-idempotency-keys": {
         "task": "portal.core.tasks.purge_expired_idempotency_keys",
         "schedule": 3600.0,
@@ -227,6 +263,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several models have a ``state``: name each enum after its own state machine.
+    "ENUM_NAME_OVERRIDES": {
+        "InstanceStateEnum": "portal.deployments.models.InstanceState",
+        "VersionStateEnum": "portal.registry.models.VersionState",
+    },
 }
 
 LOGGING = {

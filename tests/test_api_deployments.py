@@ -95,11 +95,19 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
         "instance_type": "cpu-local",
         "stages": [25, 100],
         "bake_seconds": 30,
+        "health_deadline_seconds": 600,
+        "max_error_rate": 0.05,
+        "allow_io_change": False,
         "desired_state": "active",
         "promote_requested": False,
         "observed_state": "pending",
         "current_stage": 0,
+        "stage_percent": None,
+        "traffic": {},
         "status_message": "",
+        "endpoint": "http://127.0.0.1:8080/models/search/ranker/v1",
+        "instances": [],
+        "last_reconciled_at": None,
     }
     [event] = events_of(deployment)
     assert (event.kind, event.actor_label, event.to_state) == ("created", label, "pending")
@@ -244,6 +252,67 @@ def test_patch_replicas_records_an_update(acting, red_black):
     assert event.data == {"replicas": [1, 3]}
 
 
+def test_patch_rollout_settings_records_an_update(acting, red_black):
+    client, label = acting
+    body = ok(
+        client.patch(
+            f"{DEPLOYMENTS}{red_black.pk}/",
+            {"stages": [20, 100], "bake_seconds": 5, "max_error_rate": 0.1},
+            format="json",
+        )
+    )
+    assert (body["stages"], body["bake_seconds"], body["max_error_rate"]) == ([20, 100], 5, 0.1)
+    event = events_of(red_black)[-1]
+    assert (event.kind, event.actor_label) == ("updated", label)
+    assert event.message == (
+        "Rollout settings: stages [10, 50, 100] → [20, 100], bake_seconds 60 → 5, "
+        "max_error_rate 0.05 → 0.1."
+    )
+
+
+def test_an_interface_change_is_refused_red_black_and_advice_says_versioned(
+    client, team, release, artifact_root, cpu_instance_type
+):
+    spec = {
+        "backend": "python",
+        "api_surface": "grpc",
+        "engine_args": {},
+        "python_model": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
+    }
+    io = {
+        "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
+        "outputs": [{"name": "TAGS", "data_type": "TYPE_STRING", "dims": [-1]}],
+    }
+    model = make_model(team, "tagger")
+    v1 = make_version(model, artifact_root, io_spec=io, **spec)
+    v2_io = {**io, "outputs": [{"name": "TAGS", "data_type": "TYPE_INT32", "dims": [-1]}]}
+    v2 = make_version(model, artifact_root, io_spec=v2_io, **spec)
+    deployment = make_deployment(model, v1, cpu_instance_type)
+    serve(deployment)
+
+    advice = ok(client.get(f"{DEPLOYMENTS}advice/", {"version": v2.pk}))
+    assert advice["strategy"] == "versioned"
+    assert advice["interface_changes"] == ["I/O spec (tensor names, types or shapes) differs"]
+    assert "Versioned serves it on its own endpoint" in advice["reason"]
+    assert ok(client.get(f"{DEPLOYMENTS}advice/", {"version": v1.pk}))["strategy"] == "red_black"
+
+    url = f"{DEPLOYMENTS}{deployment.pk}/"
+    with nothing_created():
+        response = client.patch(url, {"version": v2.pk}, format="json")
+    message = " ".join(api_error(response, 400, "invalid")["fields"]["version"])
+    assert "changes the model's interface" in message and "deploy it Versioned" in message
+    body = ok(client.patch(url, {"version": v2.pk, "allow_io_change": True}, format="json"))
+    assert (body["target_version"], body["allow_io_change"]) == (2, True)
+
+
+def test_advice_is_team_scoped(client, other_team, release, artifact_root):
+    theirs = make_version(make_model(other_team, "secret"), artifact_root)
+    response = client.get(f"{DEPLOYMENTS}advice/", {"version": theirs.pk})
+    assert api_error(response, 400, "invalid")["fields"] == {
+        "version": [f"No version with id {theirs.pk}."]
+    }
+
+
 def test_patch_without_change_records_nothing(client, red_black, v1):
     with nothing_created():
         body = ok(
@@ -262,6 +331,9 @@ def test_patch_without_change_records_nothing(client, red_black, v1):
         ({"version": 999999}, "version", "No version with id 999999."),
         ({"strategy": "versioned"}, "strategy", "Unknown field."),
         ({"observed_state": "serving"}, "observed_state", "Unknown field."),
+        ({"stages": [50, 20]}, "stages", "increasing traffic percentages ending at 100"),
+        ({"max_error_rate": 1.5}, "max_error_rate", "less than or equal to 1"),
+        ({"health_deadline_seconds": 0}, "health_deadline_seconds", "greater than or equal to 1"),
     ],
 )
 def test_patch_validation(client, red_black, body, field, needle):

@@ -28,6 +28,7 @@ EXPECTED_PATHS = {
     "/api/v1/versions/{id}/retry/": {"post"},
     "/api/v1/deployments/": {"get", "post"},
     "/api/v1/deployments/{id}/": {"get", "patch"},
+    "/api/v1/deployments/advice/": {"get"},
     **{
         f"/api/v1/deployments/{{id}}/{action}/": {"post"}
         for action in ("pause", "resume", "abort", "promote", "rollback")

@@ -15,7 +15,7 @@ import openai
 import pytest
 import redis
 
-from tests.ports import free_port, free_port_block
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_DB_URL = "redis://127.0.0.1:6379/14"
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
     redis.Redis.from_url(REDIS_DB_URL).flushdb()
-    port, demo_port = free_port(), free_port_block(4)
+    port, gateway_port = free_port(), free_port()
     env = {
         key: value
         for key, value in os.environ.items()
@@ -35,7 +35,7 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
     env.update(
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         PORTAL_PORT=str(port),
-        DEMO_PORT=str(demo_port),
+        GATEWAY_PORT=str(gateway_port),
         REDIS_URL=REDIS_DB_URL,
         VENV=sys.prefix,
     )
@@ -54,8 +54,10 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
             f"http://127.0.0.1:{port}/api/v1/teams/", headers={"Authorization": f"Bearer {token}"}
         ).json()
         assert [team["slug"] for team in teams["results"]] == ["demo"]
-        wait_for_line("INSTANCE READY openai=", proc, tmp_path / "run.log", timeout=180)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{demo_port}/v1", api_key="unused")
+        # The demo model is registered, copied, packaged and rolled out by the platform itself.
+        deployment = wait_for_deployment(port, token, proc, tmp_path / "run.log", timeout=240)
+        assert deployment["endpoint"] == f"http://127.0.0.1:{gateway_port}/models/demo/tiny/v1"
+        client = openai.OpenAI(base_url=deployment["endpoint"], api_key="unused")
         reply = client.chat.completions.create(
             model="demo--tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
@@ -69,7 +71,27 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
             proc.wait()
         log.close()
         redis.Redis.from_url(REDIS_DB_URL).flushdb()
-    assert "Demo ready." in (tmp_path / "run.log").read_text()
+    output = (tmp_path / "run.log").read_text()
+    assert "Demo ready." in output
+    assert "Stopped 1 local instance(s)." in output  # nothing outlives ./dev run
+
+
+def wait_for_deployment(port: int, token: str, proc, log: Path, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"./dev run exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        answer = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/deployments/",
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        if answer["results"]:
+            last = answer["results"][0]
+            if last["observed_state"] == "serving" and last["instances"]:
+                return last
+        time.sleep(1)
+    pytest.fail(f"the demo deployment never served; last: {last}\n{log.read_text()[-4000:]}")
 
 
 def wait_for_line(text: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:

@@ -152,6 +152,14 @@ class VersionEventOut(serializers.ModelSerializer):
         fields = ["id", "created_at", "actor_label", "from_state", "to_state", "message"]
 
 
+class InstanceBriefOut(serializers.ModelSerializer):
+    version = serializers.IntegerField(source="version.number", read_only=True)
+
+    class Meta:
+        model = Instance
+        fields = ["name", "version", "state", "health_message", "last_health_at"]
+
+
 class DeploymentOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     target_version = serializers.IntegerField(source="target_version.number", read_only=True)
@@ -163,14 +171,41 @@ class DeploymentOut(serializers.ModelSerializer):
         slug_field="name", read_only=True
     )
 
+    endpoint = serializers.SerializerMethodField(
+        help_text="OpenAI base URL of the deployment's stable endpoint."
+    )
+    stage_percent = serializers.SerializerMethodField(
+        help_text="Traffic percent on the target version the current stage asks for."
+    )
+    instances = serializers.SerializerMethodField()
+
     class Meta:
         model = Deployment
         fields = [
             "id", "model", "team", "strategy", "target_version", "target_version_id",
             "previous_version", "replicas", "instance_type", "stages", "bake_seconds",
+            "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
-            "status_message", "created_at", "updated_at",
+            "stage_percent", "traffic", "status_message", "endpoint", "instances",
+            "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
+
+    def get_endpoint(self, deployment: Deployment) -> str:
+        from portal.deployments.routing import endpoint_url
+
+        return endpoint_url(deployment)
+
+    def get_stage_percent(self, deployment: Deployment) -> int | None:
+        stage = deployment.current_stage
+        if stage < 1 or stage > len(deployment.stages):
+            return None
+        return int(deployment.stages[stage - 1])
+
+    @extend_schema_field(InstanceBriefOut(many=True))
+    def get_instances(self, deployment: Deployment) -> list[dict[str, Any]]:
+        """Instances that run or are stopping (finished ones: see ``/instances/``)."""
+        running = [i for i in deployment.instances.all() if i.state not in ("stopped", "failed")]
+        return list(InstanceBriefOut(running, many=True).data)
 
 
 class EventOut(serializers.ModelSerializer):
@@ -250,11 +285,46 @@ class DeploymentCreateIn(StrictInput):
         child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=10
     )
     bake_seconds = serializers.IntegerField(min_value=0, max_value=24 * 3600, default=60)
+    health_deadline_seconds = serializers.IntegerField(
+        min_value=1,
+        max_value=24 * 3600,
+        default=600,
+        help_text="Each new instance must pass its health check within this long.",
+    )
+    max_error_rate = serializers.FloatField(
+        min_value=0.0,
+        max_value=1.0,
+        default=0.05,
+        help_text="Share of failed requests on the new version during a bake that rolls back.",
+    )
+    allow_io_change = serializers.BooleanField(default=False)
 
 
 class DeploymentUpdateIn(StrictInput):
     version = serializers.IntegerField(min_value=1, required=False)
     replicas = serializers.IntegerField(min_value=1, max_value=64, required=False)
+    stages = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=10
+    )
+    bake_seconds = serializers.IntegerField(min_value=0, max_value=24 * 3600, required=False)
+    health_deadline_seconds = serializers.IntegerField(
+        min_value=1, max_value=24 * 3600, required=False
+    )
+    max_error_rate = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    allow_io_change = serializers.BooleanField(
+        required=False,
+        help_text="Roll out Red-Black although the new version's interface differs.",
+    )
+
+
+class AdviceQuery(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, help_text="Id of the version to roll out.")
+
+
+class AdviceOut(serializers.Serializer):
+    strategy = serializers.CharField()
+    reason = serializers.CharField()
+    interface_changes = serializers.ListField(child=serializers.CharField())
 
 
 class ActionIn(StrictInput):

@@ -21,7 +21,7 @@ from portal.api import filters
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.core.actors import Actor
-from portal.core.transitions import Action, request_action
+from portal.core.transitions import Action
 from portal.deployments import services as deployment_services
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.registry import services as registry_services
@@ -182,7 +182,7 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
 class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     queryset = Deployment.objects.select_related(
         "model__team", "target_version", "previous_version", "instance_type"
-    )
+    ).prefetch_related("instances__version")
     serializer_class = s.DeploymentOut
     filterset_class = filters.DeploymentFilter
     team_field = "model__team"
@@ -211,8 +211,27 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             replicas=data["replicas"],
             stages=data.get("stages"),
             bake_seconds=data["bake_seconds"],
+            health_deadline_seconds=data["health_deadline_seconds"],
+            max_error_rate=data["max_error_rate"],
+            allow_io_change=data["allow_io_change"],
         )
         return self.answer(s.DeploymentOut, deployment, status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[s.AdviceQuery], responses=s.AdviceOut)
+    @action(detail=False, methods=["get"], url_path="advice")
+    def advice(self, request):
+        """Which strategy fits rolling out a version, and why (stable interface → Red-Black;
+        changed interface → Versioned, at the cost of running both versions for a while)."""
+        query = s.AdviceQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        version = self.readable(
+            ModelVersion.objects.select_related("model"),
+            query.validated_data["version"],
+            "version",
+            "model__team",
+        )
+        advice = deployment_services.advise_strategy(version.model, version)
+        return Response(s.AdviceOut(advice).data)
 
     @extend_schema(request=s.DeploymentUpdateIn, responses=s.DeploymentOut)
     def partial_update(self, request, pk=None):
@@ -225,7 +244,12 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
                 ModelVersion.objects.all(), data["version"], "version", "model__team"
             )
         deployment = deployment_services.update_deployment(
-            deployment, actor=self.actor, version=version, replicas=data.get("replicas")
+            deployment,
+            actor=self.actor,
+            version=version,
+            replicas=data.get("replicas"),
+            allow_io_change=data.get("allow_io_change", False),
+            **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS if k in data},
         )
         return self.answer(s.DeploymentOut, deployment)
 
@@ -233,7 +257,9 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         deployment = self.get_object()
         self.require_write(deployment.model.team_id)
         data = self.valid_input(s.ActionIn)
-        deployment = request_action(deployment, what, actor=self.actor, reason=data["reason"])
+        deployment = deployment_services.act(
+            deployment, what, actor=self.actor, reason=data["reason"]
+        )
         return self.answer(s.DeploymentOut, deployment)
 
     @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)

@@ -2,8 +2,9 @@ from django.contrib import admin, messages
 
 from portal.core.actors import Actor
 from portal.core.errors import InvalidTransition
-from portal.core.transitions import Action, request_action
+from portal.core.transitions import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.deployments.services import act
 
 
 @admin.register(InstanceType)
@@ -76,9 +77,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         actor = Actor.operator(request.user)
         for deployment in queryset:
             try:
-                request_action(
-                    deployment, what, actor=actor, reason="requested by an operator in the admin"
-                )
+                act(deployment, what, actor=actor, reason="requested by an operator in the admin")
             except InvalidTransition as exc:
                 self.message_user(request, f"Deployment {deployment.pk}: {exc}", messages.ERROR)
             else:

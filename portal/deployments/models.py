@@ -100,6 +100,13 @@ class Deployment(models.Model):
     #: Percent of traffic on the new version after each stage; the last is always 100.
     stages = models.JSONField(default=default_stages)
     bake_seconds = models.PositiveIntegerField(default=60)
+    #: A new instance must pass its health check within this long of being started.
+    health_deadline_seconds = models.PositiveIntegerField(default=600)
+    #: During a stage's bake, the new version's share of failed inference requests (from its
+    #: instances' own metrics) above which the rollout is rolled back.
+    max_error_rate = models.FloatField(default=0.05)
+    #: Roll out Red-Black even though the new version's I/O spec differs from the serving one.
+    allow_io_change = models.BooleanField(default=False)
     desired_state = models.CharField(
         max_length=16, choices=DesiredState.choices, default=DesiredState.ACTIVE
     )
@@ -108,7 +115,14 @@ class Deployment(models.Model):
         max_length=16, choices=ObservedState.choices, default=ObservedState.PENDING
     )
     current_stage = models.PositiveSmallIntegerField(default=0)
+    #: Percent of the endpoint's requests per version number, as the controller last set it:
+    #: ``{"1": 75, "2": 25}``. Empty until something serves.
+    traffic = models.JSONField(default=dict, blank=True)
+    #: The controller's notes for the step in progress (when it began, metric baselines); reset
+    #: at every stage, so a restarted worker picks the step up where it was.
+    step = models.JSONField(default=dict, blank=True)
     status_message = models.TextField(blank=True)
+    last_reconciled_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -169,6 +183,8 @@ class Instance(models.Model):
     )
     health_message = models.TextField(blank=True)
     last_health_at = models.DateTimeField(null=True, blank=True)
+    #: When it first passed its health check (a later failure is then "unhealthy", not "slow").
+    ready_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -180,6 +196,10 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+    @property
+    def was_ready(self) -> bool:
+        return self.ready_at is not None
 
 
 class EventKind(models.TextChoices):

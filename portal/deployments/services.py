@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import time
+from dataclasses import dataclass
+from datetime import timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.core.transitions import record_event, transition_deployment
+from portal.core.transitions import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
     LIVE_STATES,
     Deployment,
     DesiredState,
     EventKind,
+    Instance,
+    InstanceState,
     InstanceType,
     ObservedState,
     Strategy,
@@ -24,6 +32,8 @@ from portal.registry.models import Model, ModelVersion, VersionState
 
 MAX_REPLICAS = 64
 MAX_BAKE_SECONDS = 24 * 3600
+#: What an update may change about how the next stages roll out.
+ROLLOUT_SETTINGS = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
 
 
 def validate_stages(stages: object) -> list[int]:
@@ -68,6 +78,9 @@ def create_deployment(
     replicas: int = 1,
     stages: list[int] | None = None,
     bake_seconds: int = 60,
+    health_deadline_seconds: int = 600,
+    max_error_rate: float = 0.05,
+    allow_io_change: bool = False,
 ) -> Deployment:
     """Ask for ``version`` to be served. A version not yet ready is waited for by the controller,
     and one whose weights were evicted from the model cache is copied back first."""
@@ -83,6 +96,9 @@ def create_deployment(
         replicas=replicas,
         stages=stages,
         bake_seconds=bake_seconds,
+        health_deadline_seconds=health_deadline_seconds,
+        max_error_rate=max_error_rate,
+        allow_io_change=allow_io_change,
         created_by=actor.user,
     )
     try:
@@ -108,6 +124,7 @@ def create_deployment(
         first = existing.first()
         raise Conflict(f"Cannot deploy: {why} (deployment {first.pk if first else '?'}).") from exc
     prepare_for_deploy(version)  # only once the deploy is accepted
+    kick(deployment)
     return deployment
 
 
@@ -117,12 +134,38 @@ def update_deployment(
     actor: Actor,
     version: ModelVersion | None = None,
     replicas: int | None = None,
+    allow_io_change: bool = False,
+    **rollout: object,
 ) -> Deployment:
-    """Scale a deployment, or start a new Red-Black rollout towards another version."""
+    """Scale a deployment, change how its next stages roll out (``stages``, ``bake_seconds``,
+    ``health_deadline_seconds``, ``max_error_rate``), or start a new Red-Black rollout towards
+    another version.
+
+    A version whose interface differs from the serving one is refused unless
+    ``allow_io_change``: during a Red-Black rollout old callers would reach it and fail."""
+    unknown = set(rollout) - set(ROLLOUT_SETTINGS)
+    if unknown:
+        raise TypeError(f"unknown rollout settings: {sorted(unknown)}")
+    if "stages" in rollout:
+        validate_stages(rollout["stages"])
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if locked.observed_state not in LIVE_STATES:
             raise Conflict(f"Deployment is {locked.observed_state} and can no longer change.")
+        changed = {k: v for k, v in rollout.items() if getattr(locked, k) != v}
+        if changed:
+            record_event(
+                locked,
+                actor=actor,
+                kind=EventKind.UPDATED,
+                message="Rollout settings: "
+                + ", ".join(f"{k} {getattr(locked, k)} → {v}" for k, v in changed.items())
+                + ".",
+                data={k: [getattr(locked, k), v] for k, v in changed.items()},
+            )
+            for name, value in changed.items():
+                setattr(locked, name, value)
+            locked.save(update_fields=[*changed, "updated_at"])
         if replicas is not None and replicas != locked.replicas:
             record_event(
                 locked,
@@ -134,12 +177,15 @@ def update_deployment(
             locked.replicas = replicas
             locked.save(update_fields=["replicas", "updated_at"])
         if version is not None and version.pk != locked.target_version_id:
-            _start_new_rollout(locked, version, actor)
+            _start_new_rollout(locked, version, actor, allow_io_change)
     deployment.refresh_from_db()
+    kick(deployment)
     return deployment
 
 
-def _start_new_rollout(deployment: Deployment, version: ModelVersion, actor: Actor) -> None:
+def _start_new_rollout(
+    deployment: Deployment, version: ModelVersion, actor: Actor, allow_io_change: bool
+) -> None:
     if deployment.strategy != Strategy.RED_BLACK:
         raise ValidationError(
             {"version": ["A Versioned deployment serves one version; create a new deployment."]}
@@ -153,14 +199,173 @@ def _start_new_rollout(deployment: Deployment, version: ModelVersion, actor: Act
             "promote it, or abort it first."
         )
     old = deployment.target_version
+    changed = interface_changes(old, version)
+    if changed and not allow_io_change:
+        raise ValidationError(
+            {
+                "version": [
+                    f"v{version.number} changes the model's interface ({'; '.join(changed)}). "
+                    "During a Red-Black rollout callers still using the old interface would "
+                    "reach it and fail: deploy it Versioned (its own endpoint), or set "
+                    "allow_io_change if every caller copes with both."
+                ]
+            }
+        )
     transition_deployment(
         deployment,
         ObservedState.PENDING,
-        reason=f"New rollout v{old.number} → v{version.number}.",
+        reason=f"New rollout v{old.number} → v{version.number}."
+        + (f" Interface change allowed: {'; '.join(changed)}." if changed else ""),
         actor=actor,
         previous_version=old,
         target_version=version,
         current_stage=0,
         promote_requested=False,
+        allow_io_change=allow_io_change,
+        step={},
     )
     prepare_for_deploy(version)
+
+
+def act(deployment: Deployment, action: Action, *, actor: Actor, reason: str = "") -> Deployment:
+    """Record a person's pause/resume/abort/promote/rollback and wake the controller for it."""
+    deployment = request_action(deployment, action, actor=actor, reason=reason)
+    kick(deployment)
+    return deployment
+
+
+def kick(deployment: Deployment) -> None:
+    """Have the controller look at the deployment as soon as this transaction commits."""
+    from portal.deployments.tasks import schedule  # tasks import this module
+
+    transaction.on_commit(lambda: schedule(deployment.pk))
+
+
+# --- Strategy advice ---------------------------------------------------------------------------
+
+
+def interface_changes(serving: ModelVersion, candidate: ModelVersion) -> list[str]:
+    """How ``candidate``'s interface differs from ``serving``'s: what callers would notice."""
+    changes = []
+    if serving.backend != candidate.backend:
+        changes.append(f"backend {serving.backend} → {candidate.backend}")
+    if serving.api_surface != candidate.api_surface:
+        changes.append(f"API surface {serving.api_surface} → {candidate.api_surface}")
+    if (serving.io_spec or {}) != (candidate.io_spec or {}):
+        changes.append("I/O spec (tensor names, types or shapes) differs")
+    return changes
+
+
+@dataclass(frozen=True)
+class Advice:
+    strategy: str
+    reason: str
+    interface_changes: list[str]
+
+
+def advise_strategy(model: Model, version: ModelVersion) -> Advice:
+    """Which strategy fits rolling out ``version``, and why, in words for the author."""
+    serving = (
+        Deployment.objects.filter(
+            model=model, strategy=Strategy.RED_BLACK, observed_state__in=LIVE_STATES
+        )
+        .select_related("target_version")
+        .first()
+    )
+    if serving is None:
+        return Advice(
+            Strategy.RED_BLACK,
+            "Nothing serves this model Red-Black yet: Red-Black gives it one stable endpoint "
+            "that later versions roll onto in stages. Choose Versioned only if callers must "
+            "pin this exact version.",
+            [],
+        )
+    changed = interface_changes(serving.target_version, version)
+    if changed:
+        return Advice(
+            Strategy.VERSIONED,
+            f"v{version.number} changes the interface of v{serving.target_version.number} "
+            f"({'; '.join(changed)}). Red-Black would send old callers to it mid-rollout, where "
+            "they fail. Versioned serves it on its own endpoint beside the old one, so callers "
+            "switch when ready; it costs the new version's instances on top of the old ones "
+            "until the old one is cleaned up.",
+            changed,
+        )
+    return Advice(
+        Strategy.RED_BLACK,
+        f"v{version.number} keeps v{serving.target_version.number}'s interface: Red-Black "
+        "shifts the existing endpoint to it in stages and rolls back by itself on failure, "
+        "without extra instances beyond one stage.",
+        [],
+    )
+
+
+# --- What beat looks after ---------------------------------------------------------------------
+
+
+def stalled_deployments() -> list[int]:
+    """Deployments the controller should be looking at and has not lately (its worker died)."""
+    stale = timezone.now() - timedelta(seconds=settings.RECONCILE_STALE_SECONDS)
+    running = Instance.objects.exclude(
+        state__in=[InstanceState.STOPPED, InstanceState.FAILED]
+    ).values("deployment_id")
+    return list(
+        Deployment.objects.filter(Q(observed_state__in=LIVE_STATES) | Q(pk__in=running))
+        .filter(Q(last_reconciled_at__isnull=True) | Q(last_reconciled_at__lt=stale))
+        .values_list("pk", flat=True)
+    )
+
+
+def waiting_for(version: ModelVersion) -> list[int]:
+    return list(
+        Deployment.objects.filter(
+            target_version=version, observed_state=ObservedState.PENDING
+        ).values_list("pk", flat=True)
+    )
+
+
+def retire_idle_versioned() -> list[int]:
+    """Retire Versioned deployments with no request for ``VERSIONED_IDLE_SECONDS``, never the
+    newest version a model serves Versioned. Returns the retired deployments' ids."""
+    from portal.deployments.launchers import get_launcher
+    from portal.deployments.routing import route_path
+
+    last_requests = getattr(get_launcher(), "last_requests", None)
+    if last_requests is None:
+        return []  # this launcher cannot tell when a route was last called: retire nothing
+    seen = last_requests()
+    idle_for = settings.VERSIONED_IDLE_SECONDS
+    live = Deployment.objects.filter(
+        strategy=Strategy.VERSIONED, observed_state__in=LIVE_STATES
+    ).select_related("model__team", "target_version")
+    newest: dict[int, int] = {}
+    for deployment in live:
+        number = deployment.target_version.number
+        newest[deployment.model_id] = max(newest.get(deployment.model_id, 0), number)
+    retired = []
+    for deployment in live:
+        if deployment.observed_state != ObservedState.SERVING:
+            continue
+        if deployment.target_version.number == newest[deployment.model_id]:
+            continue  # the latest version is always kept
+        serving_since = (
+            deployment.events.filter(to_state=ObservedState.SERVING)
+            .order_by("-created_at")
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        last = max(
+            seen.get(route_path(deployment), 0.0),
+            serving_since.timestamp() if serving_since else time.time(),
+        )
+        if time.time() - last < idle_for:
+            continue
+        transition_deployment(
+            deployment,
+            ObservedState.RETIRED,
+            reason=f"No request for {idle_for} s and v{newest[deployment.model_id]} is newer: "
+            "retired by the Versioned clean-up.",
+            traffic={},
+        )
+        retired.append(deployment.pk)
+    return retired

@@ -23,4 +23,7 @@ def package_version_task(version_id: int) -> str:
     except PackagingError as exc:  # not materialized (yet, or any more): nothing to do
         log.info("skipping packaging of version %s: %s", version_id, exc)
         return "skipped"
+    from portal.deployments.tasks import wake_deployments_of  # deployments depend on registry
+
+    wake_deployments_of(version)
     return version.state

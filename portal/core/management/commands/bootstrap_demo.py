@@ -1,7 +1,8 @@
-"""Create the embedded default's demo data: a team, an admin who belongs to it, and an API token.
+"""Create the embedded default's demo data: a team, an admin who belongs to it, an API token,
+and the demo model deployed Red-Black on one local CPU instance.
 
 Safe to run again: existing rows are kept; a fresh token is issued only when asked or when the
-demo team has none that is still active.
+demo team has none that is still active; the demo model is registered and deployed only once.
 """
 
 from __future__ import annotations
@@ -26,9 +27,55 @@ class Command(BaseCommand):
         parser.add_argument(
             "--new-token", action="store_true", help="Issue a new token even if one exists."
         )
+        parser.add_argument(
+            "--no-demo-model",
+            action="store_true",
+            help="Do not register and deploy the demo model.",
+        )
+
+    def handle(self, *args, no_demo_model: bool = False, **options):
+        demo = self._accounts(**options)
+        if not no_demo_model:
+            self._demo_deployment(demo)
+
+    def _demo_deployment(self, demo: Team) -> None:
+        """The demo model (random weights, made locally) as version 1 of ``<team>/tiny``,
+        deployed Red-Black: the worker copies and packages it, the controller starts it."""
+        from django.conf import settings
+
+        from portal.core.actors import Actor
+        from portal.deployments.models import Deployment, InstanceType
+        from portal.deployments.routing import endpoint_url
+        from portal.deployments.services import create_deployment
+        from portal.registry.models import Model
+        from portal.registry.services import create_model, register_version
+        from serving.demo_model import make_demo_model
+
+        deployment = Deployment.objects.filter(model__team=demo, model__slug="tiny").first()
+        if deployment is None:
+            source = settings.ARTIFACT_FILE_ROOTS[0] / "demo-tiny"
+            if not (source / "config.json").exists():
+                make_demo_model(source)
+            model = Model.objects.filter(team=demo, slug="tiny").first() or create_model(
+                team=demo, slug="tiny", task="chat", description="Random weights: fluent nonsense."
+            )
+            version = model.versions.first() or register_version(
+                model=model, artifact_uri=f"file://{source}"
+            )
+            instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
+            deployment = create_deployment(
+                model=model,
+                strategy="red_black",
+                version=version,
+                instance_type=instance_type,
+                actor=Actor(label="bootstrap"),
+            )
+        self.stdout.write(f"  Demo:   {endpoint_url(deployment)}  (model {demo.slug}--tiny)")
 
     @transaction.atomic
-    def handle(self, *args, username: str, password: str, team: str, new_token: bool, **options):
+    def _accounts(
+        self, *, username: str, password: str, team: str, new_token: bool, **options
+    ) -> Team:
         User = get_user_model()
         user, created = User.objects.get_or_create(
             username=username, defaults={"is_staff": True, "is_superuser": True}
@@ -59,6 +106,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  Token:  an active demo-ci token exists (see var/demo-token); --new-token issues another"
             )
+        return demo
 
     def _write_token_file(self, token_text: str) -> None:
         from django.conf import settings

@@ -1,0 +1,308 @@
+"""Instances as serving processes on this machine, behind the local gateway (the default).
+
+Each instance owns a run directory, ``INSTANCE_RUN_ROOT/<set key>/<name>/``, holding
+``instance.json`` (the process id and its start time, the ports it announced, when it was told
+to stop), its log and its work directory. That directory, not the worker that started the
+process, is the truth: the process runs in its own session, so a Celery worker killed at any
+point leaves it running and the next worker finds it by reading the directory.
+
+Ports: the instance binds port 0 and announces the ports it got in its ``INSTANCE READY`` line,
+which the launcher reads back from the log; no port is ever picked and then raced for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import redis
+from django.conf import settings
+
+from portal.deployments.launchers.base import (
+    Health,
+    Launcher,
+    ObservedInstance,
+    Route,
+    VersionSet,
+)
+from serving.gateway import table
+
+RECORD = "instance.json"
+LOG = "instance.log"
+READY_LINE = re.compile(
+    r"^INSTANCE READY openai=(?P<openai>\d+) http=(?P<http>\d+) grpc=(?P<grpc>\d+) "
+    r"metrics=(?P<metrics>\d+)$",
+    re.MULTILINE,
+)
+#: A draining instance still alive this long after its drain deadline is killed.
+KILL_GRACE_SECONDS = 10.0
+HEALTH_TIMEOUT_SECONDS = 1.0
+
+
+class LocalLauncher(Launcher):
+    kind = "local"
+
+    def __init__(self) -> None:
+        self.run_root: Path = settings.INSTANCE_RUN_ROOT
+        self.redis = redis.Redis.from_url(settings.REDIS_URL)
+        self.prefix: str = settings.GATEWAY_REDIS_PREFIX
+
+    # --- instances ----------------------------------------------------------------------------
+
+    def start(self, version_set: VersionSet, count: int) -> list[str]:
+        return [self._start_one(version_set) for _ in range(count)]
+
+    def _start_one(self, version_set: VersionSet) -> str:
+        name = f"{version_set.key}-{secrets.token_hex(3)}"
+        directory = self._set_dir(version_set) / name
+        (directory / "work").mkdir(parents=True)
+        # The record exists before the process does: a worker killed in between leaves a
+        # record without a pid, which observe() reports as a start that never happened.
+        _write_record(directory, {"name": name, "created_at": time.time(), "pid": None})
+        command = [
+            sys.executable,
+            "-m",
+            "serving.instance",
+            "--package",
+            str(version_set.package_path),
+            "--workdir",
+            str(directory / "work"),
+            "--host",
+            "127.0.0.1",
+            *("--openai-port", "0", "--http-port", "0", "--grpc-port", "0"),
+            *("--metrics-port", "0"),
+            "--drain-timeout",
+            str(settings.INSTANCE_DRAIN_SECONDS),
+        ]
+        with open(directory / LOG, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=directory,
+                start_new_session=True,  # outlives the worker that started it
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        _update_record(
+            directory, pid=process.pid, pid_started=psutil.Process(process.pid).create_time()
+        )
+        return name
+
+    def stop(self, version_set: VersionSet, names: list[str], drain_seconds: float) -> None:
+        for name in names:
+            directory = self._set_dir(version_set) / name
+            record = _read_record(directory)
+            if record is None or record.get("stop_requested_at"):
+                continue
+            _update_record(
+                directory, stop_requested_at=time.time(), drain_deadline=time.time() + drain_seconds
+            )
+            process = _process(record)
+            if process is not None:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signal.SIGTERM)
+
+    def observe(self, version_set: VersionSet) -> list[ObservedInstance]:
+        directory = self._set_dir(version_set)
+        if not directory.is_dir():
+            return []
+        found = []
+        for path in sorted(directory.iterdir()):
+            record = _read_record(path)
+            if record is not None:
+                found.append(self._observe_one(path, record))
+        return found
+
+    def _observe_one(self, directory: Path, record: dict[str, Any]) -> ObservedInstance:
+        name = record["name"]
+        process = _process(record)
+        endpoints = record.get("endpoints") or {}
+        stopping = bool(record.get("stop_requested_at"))
+        if process is None:
+            if stopping:
+                return ObservedInstance(name, Health.EXITED, endpoints, "stopped")
+            if record.get("pid") is None and time.time() - record["created_at"] < 30:
+                return ObservedInstance(name, Health.STARTING, endpoints, "launching")
+            return ObservedInstance(name, Health.CRASHED, endpoints, _crash_reason(directory))
+        if stopping:
+            if time.time() > record["drain_deadline"] + KILL_GRACE_SECONDS:
+                _kill_tree(process)
+            return ObservedInstance(name, Health.DRAINING, endpoints, "finishing requests")
+        if not endpoints:
+            endpoints = _announced_endpoints(directory)
+            if not endpoints:
+                return ObservedInstance(name, Health.STARTING, {}, "loading the model")
+            _update_record(directory, endpoints=endpoints)
+        if _ready(endpoints):
+            if not record.get("ready_at"):
+                _update_record(directory, ready_at=time.time())
+            return ObservedInstance(name, Health.READY, endpoints)
+        if record.get("ready_at"):
+            return ObservedInstance(name, Health.UNHEALTHY, endpoints, "health check failing")
+        return ObservedInstance(name, Health.STARTING, endpoints, "not ready yet")
+
+    def forget(self, version_set: VersionSet, names: list[str]) -> None:
+        for name in names:
+            directory = self._set_dir(version_set) / name
+            record = _read_record(directory)
+            if record is not None and _process(record) is not None:
+                continue  # still running: never drop the only handle on a live process
+            shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self._set_dir(version_set).rmdir()  # only if now empty
+
+    def stop_all(self, drain_seconds: float) -> list[str]:
+        """Stop every instance under the run root (``./dev run`` on its way out). The
+        deployments still want them: the controller starts them again next time."""
+        stopped = []
+        for directory in sorted(self.run_root.glob("*/*/")):
+            record = _read_record(directory)
+            if record is None or _process(record) is None:
+                continue
+            _update_record(
+                directory, stop_requested_at=time.time(), drain_deadline=time.time() + drain_seconds
+            )
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(record["pid"]).send_signal(signal.SIGTERM)
+            stopped.append(record["name"])
+        return stopped
+
+    def log_tail(self, version_set: VersionSet, name: str, lines: int = 20) -> str:
+        return _tail(self._set_dir(version_set) / name / LOG, lines)
+
+    def _set_dir(self, version_set: VersionSet) -> Path:
+        return self.run_root / version_set.key
+
+    # --- traffic ------------------------------------------------------------------------------
+
+    def set_traffic(self, routes: list[Route]) -> int:
+        entries = [
+            table.RouteEntry(
+                path=route.path,
+                groups=[
+                    table.Group(
+                        label=f"v{share.version_set.version}",
+                        weight=share.weight,
+                        backends=[
+                            table.Backend(
+                                name=instance.name,
+                                openai=instance.endpoints.get("openai"),
+                                kserve_http=instance.endpoints.get("kserve_http"),
+                            )
+                            for instance in share.instances
+                        ],
+                    )
+                    for share in route.shares
+                ],
+            )
+            for route in routes
+        ]
+        return table.publish(self.redis, entries, prefix=self.prefix)
+
+    def traffic_applied(self, generation: int) -> bool:
+        applied = table.applied_generation(self.redis, prefix=self.prefix)
+        return applied is None or applied >= generation
+
+    def last_requests(self) -> dict[str, float]:
+        return table.last_requests(self.redis, prefix=self.prefix)
+
+
+# --- the run directory ------------------------------------------------------------------------
+
+
+def _read_record(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(directory: Path, record: dict[str, Any]) -> None:
+    tmp = directory / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, directory / RECORD)
+
+
+def _update_record(directory: Path, **changes: Any) -> None:
+    record = _read_record(directory) or {}
+    record.update(changes)
+    _write_record(directory, record)
+
+
+def _process(record: dict[str, Any]) -> psutil.Process | None:
+    """The recorded process if it is still alive; a reused pid (another start time) is not it."""
+    pid = record.get("pid")
+    if pid is None:
+        return None
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - record["pid_started"]) > 0.01:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # our own child: reap it
+            return None
+        return process
+    except psutil.Error:
+        return None
+
+
+def _kill_tree(process: psutil.Process) -> None:
+    with contextlib.suppress(psutil.Error):
+        for child in process.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        process.kill()
+
+
+def _announced_endpoints(directory: Path) -> dict[str, str]:
+    match = READY_LINE.search(_tail(directory / LOG, 200))
+    if match is None:
+        return {}
+    base = "http://127.0.0.1:"
+    return {
+        "openai": base + match["openai"],
+        "kserve_http": base + match["http"],
+        "kserve_grpc": "127.0.0.1:" + match["grpc"],
+        # The unified /metrics (Triton- and vLLM-named) is served by the front end.
+        "metrics": base + match["openai"] + "/metrics",
+    }
+
+
+def _ready(endpoints: dict[str, str]) -> bool:
+    try:
+        answer = httpx.get(
+            endpoints["kserve_http"] + "/v2/health/ready", timeout=HEALTH_TIMEOUT_SECONDS
+        )
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200
+
+
+def _crash_reason(directory: Path) -> str:
+    tail = _tail(directory / LOG, 5).strip()
+    return "the process exited without being asked to" + (f"; its log ends: {tail}" if tail else "")
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

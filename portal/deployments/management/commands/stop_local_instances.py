@@ -1,0 +1,21 @@
+"""Stop every serving process the local launcher started (``./dev run`` runs it on exit).
+
+Instances run in their own sessions so that a worker's death does not take them down; this is
+how a whole local platform stops them. Deployments are left as they are: on the next run the
+controller finds their instances gone and starts new ones.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from portal.deployments.launchers.local import LocalLauncher
+
+
+class Command(BaseCommand):
+    help = "Stop every local serving instance (they drain first)."
+
+    def handle(self, *args, **options):
+        stopped = LocalLauncher().stop_all(settings.INSTANCE_DRAIN_SECONDS)
+        self.stdout.write(f"Stopped {len(stopped)} local instance(s).")

@@ -1,0 +1,61 @@
+"""Celery tasks of the rollout controller. Thin: the logic is in :mod:`.controller`.
+
+A deployment is looked at by a chain of ``reconcile_deployment`` tasks, each scheduling the
+next. A Redis marker keeps at most one pending task per deployment however often it is kicked,
+and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died.
+"""
+
+from __future__ import annotations
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from portal.deployments import controller, services
+from portal.registry.models import ModelVersion
+
+
+def _marker(deployment_id: int) -> str:
+    return f"reconcile:scheduled:{deployment_id}"
+
+
+def schedule(deployment_id: int, delay: float = 0.0) -> None:
+    """Have the deployment reconciled in ``delay`` seconds, unless a look is already due."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    if client.set(_marker(deployment_id), 1, nx=True, ex=int(delay) + 60):
+        reconcile_deployment.apply_async((deployment_id,), countdown=delay)
+
+
+@shared_task(acks_late=True)
+def reconcile_deployment(deployment_id: int) -> float | None:
+    redis.Redis.from_url(settings.REDIS_URL).delete(_marker(deployment_id))
+    delay = controller.reconcile(deployment_id)
+    if delay is not None:
+        schedule(deployment_id, delay)
+    return delay
+
+
+def wake_deployments_of(version: ModelVersion) -> None:
+    """A version changed state: deployments waiting for it need not wait for their next look."""
+    for deployment_id in services.waiting_for(version):
+        schedule(deployment_id)
+
+
+@shared_task
+def redrive_deployments() -> list[int]:
+    """Beat: restart the controller for every deployment not looked at recently."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stalled = services.stalled_deployments()
+    for deployment_id in stalled:
+        client.delete(_marker(deployment_id))
+        schedule(deployment_id)
+    return stalled
+
+
+@shared_task
+def clean_up_versioned() -> list[int]:
+    """Beat: retire Versioned deployments nobody called for ``VERSIONED_IDLE_SECONDS``."""
+    retired = services.retire_idle_versioned()
+    for deployment_id in retired:
+        schedule(deployment_id)
+    return retired

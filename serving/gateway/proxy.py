@@ -1,0 +1,284 @@
+"""The gateway's request path: pick a backend by the route's weights, pass the request through.
+
+A request to ``/models/<team>/<model>/[versions/<n>/]<rest>`` goes to one backend of that
+route: ``v1/...`` to its OpenAI front end, ``v2/...`` to its KServe v2 HTTP server. The version
+group is picked by smooth weighted round-robin, so a 25/75 split is exact over every four
+requests, and a backend inside the group by round-robin.
+
+Only a failure to *connect* is retried, on another backend: the request has then reached no
+model. Anything later (the backend closed the connection mid-request, a broken response) is a
+502, never a second try: inference is not free to repeat, and a streamed answer may already be
+on its way to the caller. Requests already passed to a backend run to completion whatever the
+table becomes meanwhile; a backend that leaves the table only stops getting new ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from serving.gateway.table import Backend, Group, RouteEntry
+
+#: Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp sets.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+MAX_CONNECT_ATTEMPTS = 3
+
+
+@dataclass
+class RouteState:
+    """A route's table entry and where its round-robins stand."""
+
+    entry: RouteEntry
+    current: dict[str, int] = field(default_factory=dict)
+    turns: dict[str, itertools.count] = field(default_factory=dict)
+
+    def groups(self) -> list[Group]:
+        return [g for g in self.entry.groups if g.weight > 0 and g.backends]
+
+    def pick_group(self, groups: list[Group]) -> Group:
+        """Smooth weighted round-robin (as nginx does): exact proportions, evenly spread."""
+        total = sum(g.weight for g in groups)
+        best = None
+        for group in groups:
+            self.current[group.label] = self.current.get(group.label, 0) + group.weight
+            if best is None or self.current[group.label] > self.current[best.label]:
+                best = group
+        assert best is not None
+        self.current[best.label] -= total
+        return best
+
+    def pick_backend(self, group: Group) -> Backend:
+        turn = next(self.turns.setdefault(group.label, itertools.count()))
+        return group.backends[turn % len(group.backends)]
+
+    def candidates(self) -> list[tuple[Group, Backend]]:
+        """The chosen backend first, then the rest of its group, then the other groups'."""
+        groups = self.groups()
+        if not groups:
+            return []
+        group = self.pick_group(groups)
+        first = self.pick_backend(group)
+        order = [(group, first)]
+        order += [(group, b) for b in group.backends if b is not first]
+        order += [(g, b) for g in groups if g is not group for b in g.backends]
+        return order
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by route and status code",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "gateway_connect_retries",
+            "Requests sent to another backend after a failed connection",
+            ["route"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors",
+            "Requests that failed after reaching a backend (answered 502)",
+            ["route"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "gateway_in_flight", "Requests being proxied", registry=self.registry
+        )
+        self.generation = Gauge(
+            "gateway_table_generation", "Routing table generation applied", registry=self.registry
+        )
+
+
+class Gateway:
+    """The routing table in use and the handler that applies it."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.routes: dict[str, RouteState] = {}
+        self.metrics = Metrics()
+        #: route path → time of its last request, flushed to Redis by the table follower.
+        self.seen: dict[str, float] = {}
+        self.session: aiohttp.ClientSession | None = None
+
+    def apply(self, generation: int, entries: list[RouteEntry]) -> None:
+        """Swap in a new table; a route that stays keeps its round-robin positions."""
+        routes = {}
+        for entry in entries:
+            state = self.routes.get(entry.path)
+            routes[entry.path] = RouteState(
+                entry,
+                state.current if state else {},
+                state.turns if state else {},
+            )
+        self.routes, self.generation = routes, generation
+        self.metrics.generation.set(generation)
+
+    async def start(self, app: web.Application) -> None:
+        # A new connection per request: then a failure to connect is the only failure that
+        # proves the request reached no instance, which is what makes a retry safe. A pooled
+        # keep-alive connection to an instance that just died fails *after* the request is
+        # written, indistinguishable from an instance dying mid-request.
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
+            auto_decompress=False,
+        )
+
+    async def stop(self, app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    # --- handlers -----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"generation": self.generation, "routes": len(self.routes)})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        path, rest = split_path(request.match_info["tail"])
+        state = self.routes.get(path)
+        if state is None:
+            return self._error(path, 404, f"No model is served at /models/{path}/.", "not_found")
+        kind = (
+            "openai" if rest.startswith("v1/") else "kserve_http" if rest.startswith("v2/") else ""
+        )
+        if not kind:
+            return self._error(
+                path,
+                404,
+                "Paths under a model start with v1/ (OpenAI) or v2/ (KServe).",
+                "not_found",
+            )
+        candidates = [(g, b) for g, b in state.candidates() if getattr(b, kind)]
+        if not candidates:
+            return self._error(path, 503, f"no ready instance for route {path}", "unavailable")
+        self.seen[path] = time.time()
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        self.metrics.in_flight.inc()
+        try:
+            return await self._forward(request, path, rest, kind, candidates, headers, body)
+        finally:
+            self.metrics.in_flight.dec()
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        rest: str,
+        kind: str,
+        candidates: list[tuple[Group, Backend]],
+        headers: dict[str, str],
+        body: bytes,
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        for attempt, (group, backend) in enumerate(candidates[:MAX_CONNECT_ATTEMPTS]):
+            url = f"{getattr(backend, kind)}/{rest}"
+            try:
+                upstream = await self.session.request(
+                    request.method,
+                    url,
+                    params=request.query,
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                )
+            except aiohttp.ClientConnectorError:
+                if attempt + 1 < min(len(candidates), MAX_CONNECT_ATTEMPTS):
+                    self.metrics.retries.labels(path).inc()
+                    continue
+                return self._error(
+                    path, 503, f"no instance of route {path} accepted the connection", "unavailable"
+                )
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.metrics.upstream_errors.labels(path).inc()
+                return self._error(
+                    path, 502, f"instance {backend.name} failed: {exc!r}", "upstream_error"
+                )
+            return await self._relay(request, path, group, backend, upstream)
+        raise AssertionError("unreachable: candidates is not empty")
+
+    async def _relay(
+        self,
+        request: web.Request,
+        path: str,
+        group: Group,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status)
+        for name, value in upstream.headers.items():
+            if name.lower() not in HOP_BY_HOP:
+                response.headers.add(name, value)
+        response.headers["X-Served-By"] = backend.name
+        response.headers["X-Served-Version"] = group.label
+        try:
+            async with upstream:
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.metrics.upstream_errors.labels(path).inc()
+            if not response.prepared:
+                return self._error(
+                    path, 502, f"instance {backend.name} failed: {exc!r}", "upstream_error"
+                )
+            # The answer broke off after it began: the caller's connection is cut too, as it
+            # would be by the instance itself, so a partial body never looks complete. It is
+            # never replayed elsewhere.
+            self.metrics.requests.labels(path, "502").inc()
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        await response.write_eof()
+        self.metrics.requests.labels(path, str(upstream.status)).inc()
+        return response
+
+    def _error(self, path: str, status: int, message: str, kind: str) -> web.Response:
+        self.metrics.requests.labels(path, str(status)).inc()
+        return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+
+
+def split_path(tail: str) -> tuple[str, str]:
+    """``team/model/versions/3/v1/chat`` → (``team/model/versions/3``, ``v1/chat``)."""
+    parts = tail.split("/")
+    cut = 4 if len(parts) > 4 and parts[2] == "versions" else 2
+    return "/".join(parts[:cut]), "/".join(parts[cut:])
+
+
+def make_app(gateway: Gateway) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/healthz", gateway.healthz)
+    app.router.add_get("/metrics", gateway.metrics_page)
+    app.router.add_route("*", "/models/{tail:.+}", gateway.proxy)
+    app.on_startup.append(gateway.start)
+    app.on_cleanup.append(gateway.stop)
+    return app

@@ -1,0 +1,111 @@
+"""The routing table the rollout controller publishes and every gateway follows, in Redis.
+
+Both sides import this module: the portal's local launcher calls :func:`publish`, and the
+gateway reads with :func:`read`. The table is always replaced whole, under a new generation
+number; each gateway reports the generation it applied, so the controller knows when an
+instance left out of the table no longer gets new requests (:func:`applied_generation`).
+
+Keys under ``prefix`` (default ``gateway``):
+
+- ``{prefix}:routes``: JSON ``{"generation": g, "routes": [...]}``; ``{prefix}:generation``: g.
+- ``{prefix}:live:{gateway id}``: the generation that gateway applied; expires after 5 s.
+- ``{prefix}:last_request``: hash of route path → Unix time of its last request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+LIVE_SECONDS = 5
+
+
+class TableError(ValueError):
+    """A published table that does not have the expected shape."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    openai: str | None = None
+    kserve_http: str | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    """One version's share: ``weight`` percent of the route's requests over its backends."""
+
+    label: str
+    weight: int
+    backends: list[Backend] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RouteEntry:
+    """``path`` is ``team/model`` (Red-Black) or ``team/model/versions/<n>`` (Versioned)."""
+
+    path: str
+    groups: list[Group] = field(default_factory=list)
+
+
+def publish(client: redis.Redis, routes: list[RouteEntry], prefix: str = "gateway") -> int:
+    """Replace the table; returns its generation."""
+    generation = int(client.incr(f"{prefix}:generation"))
+    document = {"generation": generation, "routes": [asdict(route) for route in routes]}
+    # A later generation published concurrently must not be overwritten by this older one.
+    script = client.register_script(
+        "local current = redis.call('GET', KEYS[1]) "
+        "if current then current = cjson.decode(current)['generation'] end "
+        "if (not current) or current < tonumber(ARGV[1]) then "
+        "redis.call('SET', KEYS[1], ARGV[2]) end"
+    )
+    script(keys=[f"{prefix}:routes"], args=[generation, json.dumps(document)])
+    return generation
+
+
+def parse(raw: str | bytes) -> tuple[int, list[RouteEntry]]:
+    try:
+        document = json.loads(raw)
+        generation = document["generation"]
+        routes = [_route(item) for item in document["routes"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TableError(f"malformed routing table: {exc!r}") from exc
+    if not isinstance(generation, int):
+        raise TableError("malformed routing table: generation is not an integer")
+    return generation, routes
+
+
+def _route(item: dict[str, Any]) -> RouteEntry:
+    path = item["path"]
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        raise TableError(f"bad route path {path!r}")
+    groups = []
+    for group in item["groups"]:
+        weight = group["weight"]
+        if not isinstance(weight, int) or not 0 <= weight <= 100:
+            raise TableError(f"bad weight {weight!r} on route {path}")
+        backends = [
+            Backend(str(b["name"]), b.get("openai"), b.get("kserve_http"))
+            for b in group["backends"]
+        ]
+        groups.append(Group(str(group["label"]), weight, backends))
+    return RouteEntry(path, groups)
+
+
+def applied_generation(client: redis.Redis, prefix: str = "gateway") -> int | None:
+    """The oldest generation any live gateway runs with; None when no gateway is live."""
+    keys = list(client.scan_iter(match=f"{prefix}:live:*", count=100))
+    values = [v for v in client.mget(keys) if v is not None] if keys else []
+    return min(int(v) for v in values) if values else None
+
+
+def last_requests(client: redis.Redis, prefix: str = "gateway") -> dict[str, float]:
+    raw = client.hgetall(f"{prefix}:last_request")
+    return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

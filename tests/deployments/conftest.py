@@ -1,0 +1,116 @@
+"""The rollout tests' world: the demo model registered as versions, the local gateway, a real
+Celery worker running the controller, and instances as real serving processes."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from portal.core.actors import Actor
+from portal.deployments.models import Deployment
+from portal.deployments.services import create_deployment
+from portal.registry.models import ModelVersion, VersionState
+from portal.registry.services import create_model, register_version
+from serving.demo_model import make_demo_model
+from tests.conftest import start_celery_worker, stop_celery_worker
+from tests.deployments.rollout_helpers import (
+    kill_instance_processes,
+    start_gateway,
+    stop_process,
+    wait_for,
+)
+
+USER = Actor(label="user:test")
+
+
+@pytest.fixture(scope="session")
+def demo_weights(tmp_path_factory) -> Path:
+    return make_demo_model(tmp_path_factory.mktemp("demo") / "weights")
+
+
+@dataclass
+class RolloutWorld:
+    gateway_url: str
+    run_root: Path
+    artifact_root: Path
+    worker: object
+    team: object
+    instance_type: object
+
+    def model(self, slug: str = "chat"):
+        return create_model(team=self.team, slug=slug, task="chat")
+
+    def version(self, model, **spec) -> ModelVersion:
+        """Register the demo model as the model's next version and wait until it is ready."""
+        source = self.artifact_root / model.slug
+        if not source.exists():
+            shutil.copytree(self._weights, source)
+        version = register_version(model=model, artifact_uri=f"file://{source}", **spec)
+
+        def ready():
+            version.refresh_from_db()
+            assert version.state != VersionState.FAILED, version.failure_reason
+            return version.state == VersionState.READY
+
+        wait_for(ready, 120, f"v{version.number} to be ready")
+        return version
+
+    def deploy(self, model, version, **options) -> Deployment:
+        return create_deployment(
+            model=model,
+            version=version,
+            instance_type=self.instance_type,
+            actor=USER,
+            strategy=options.pop("strategy", "red_black"),
+            **options,
+        )
+
+    def endpoint(self, model, version: int | None = None) -> str:
+        path = f"{self.team.slug}/{model.slug}"
+        if version is not None:
+            path += f"/versions/{version}"
+        return f"{self.gateway_url}/models/{path}/v1"
+
+    _weights: Path = Path()
+
+
+@pytest.fixture
+def rollout_world(
+    worker_cache,
+    monkeypatch,
+    settings,
+    tmp_path,
+    clean_redis,
+    transactional_db,
+    team,
+    release,
+    cpu_instance_type,
+    artifact_root,
+    demo_weights,
+):
+    run_root = tmp_path / "instances"
+    env = {
+        "INSTANCE_RUN_ROOT": str(run_root),
+        "INSTANCE_DRAIN_SECONDS": "10",
+        "RECONCILE_INTERVAL_SECONDS": "0.25",
+        "RECONCILE_IDLE_INTERVAL_SECONDS": "1",
+        "RECONCILE_STALE_SECONDS": "2",
+        "ROLLOUT_MIN_REQUESTS": "5",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings.INSTANCE_RUN_ROOT = run_root
+    settings.RECONCILE_STALE_SECONDS = 2.0
+    gateway, gateway_url = start_gateway(settings.REDIS_URL)
+    worker = start_celery_worker("rollout")
+    world = RolloutWorld(gateway_url, run_root, artifact_root, worker, team, cpu_instance_type)
+    world._weights = demo_weights
+    try:
+        yield world
+    finally:
+        stop_celery_worker(world.worker)  # type: ignore[arg-type]
+        kill_instance_processes(run_root)
+        stop_process(gateway)

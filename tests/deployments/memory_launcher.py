@@ -1,0 +1,96 @@
+"""A launcher whose instances are entries in a table the test moves along by hand.
+
+It is for the controller's decision tests only: each step of a rollout can be looked at in
+between (what was started, what takes traffic, what is stopped) without waiting for real
+processes. ``test_rollouts.py`` runs the same controller on real processes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from portal.deployments.launchers.base import (
+    Health,
+    Launcher,
+    ObservedInstance,
+    Route,
+    VersionSet,
+)
+
+
+class MemoryLauncher(Launcher):
+    kind = "memory"
+    #: name → [set key, version number, health, message]
+    table: ClassVar[dict[str, list]] = {}
+    routes: ClassVar[list[Route]] = []
+    generation: ClassVar[int] = 0
+    applied: ClassVar[int] = 0
+    auto_apply: ClassVar[bool] = True
+    started: ClassVar[int] = 0
+    stop_calls: ClassVar[list[str]] = []
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.table, cls.routes, cls.stop_calls = {}, [], []
+        cls.generation = cls.applied = cls.started = 0
+        cls.auto_apply = True
+
+    def start(self, version_set: VersionSet, count: int) -> list[str]:
+        names = []
+        for _ in range(count):
+            MemoryLauncher.started += 1
+            name = f"{version_set.key}-{MemoryLauncher.started}"
+            self.table[name] = [version_set.key, version_set.version, Health.STARTING, ""]
+            names.append(name)
+        return names
+
+    def stop(self, version_set: VersionSet, names: list[str], drain_seconds: float) -> None:
+        for name in names:
+            MemoryLauncher.stop_calls.append(name)
+            if name in self.table and self.table[name][2] not in (Health.EXITED, Health.CRASHED):
+                self.table[name][2] = Health.DRAINING
+
+    def observe(self, version_set: VersionSet) -> list[ObservedInstance]:
+        return [
+            ObservedInstance(name, health, {}, message)
+            for name, (key, _, health, message) in self.table.items()
+            if key == version_set.key
+        ]
+
+    def forget(self, version_set: VersionSet, names: list[str]) -> None:
+        for name in names:
+            self.table.pop(name, None)
+
+    def set_traffic(self, routes: list[Route]) -> int:
+        MemoryLauncher.routes = routes
+        MemoryLauncher.generation += 1
+        if MemoryLauncher.auto_apply:
+            MemoryLauncher.applied = MemoryLauncher.generation
+        return MemoryLauncher.generation
+
+    def traffic_applied(self, generation: int) -> bool:
+        return MemoryLauncher.applied >= generation
+
+    # --- what the test does to the world ------------------------------------------------------
+
+    @classmethod
+    def set_health(cls, version: int, health: Health, message: str = "") -> None:
+        for entry in cls.table.values():
+            if entry[1] == version and entry[2] in (Health.STARTING, Health.READY):
+                entry[2], entry[3] = health, message
+
+    @classmethod
+    def finish_draining(cls) -> None:
+        for entry in cls.table.values():
+            if entry[2] == Health.DRAINING:
+                entry[2] = Health.EXITED
+
+    @classmethod
+    def count(cls, version: int, *healths: Health) -> int:
+        return sum(1 for e in cls.table.values() if e[1] == version and e[2] in healths)
+
+    @classmethod
+    def split(cls) -> dict[str, tuple[int, int]]:
+        """The only route's shares: ``{"v1": (weight, ready instances)}``."""
+        [route] = cls.routes
+        return {f"v{s.version_set.version}": (s.weight, len(s.instances)) for s in route.shares}

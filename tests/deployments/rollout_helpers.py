@@ -1,0 +1,180 @@
+"""What the rollout tests run: the local gateway, a real worker, callers under load, and ways to
+read what the controller did. Everything is a real process on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from portal.deployments.models import Deployment, Instance
+from tests.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def start_gateway(redis_url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving.gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("GATEWAY READY"), line
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def instance_processes(run_root: Path) -> dict[str, psutil.Process]:
+    """Every instance process still alive under the launcher's run directory, by name."""
+    alive = {}
+    for record_path in run_root.glob("*/*/instance.json"):
+        record = json.loads(record_path.read_text())
+        with contextlib.suppress(psutil.Error, KeyError, TypeError):
+            process = psutil.Process(record["pid"])
+            if (
+                abs(process.create_time() - record["pid_started"]) < 0.01
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                alive[record["name"]] = process
+    return alive
+
+
+def kill_instance_processes(run_root: Path) -> None:
+    for process in instance_processes(run_root).values():
+        with contextlib.suppress(psutil.Error):
+            for child in process.children(recursive=True):
+                child.kill()
+            process.kill()
+
+
+@dataclass
+class Result:
+    started: float
+    status: int
+    served_by: str
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """A bounded loop of concurrent completion requests through the gateway."""
+
+    url: str
+    model: str
+    clients: int = 3
+    results: list[Result] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _paused: threading.Event = field(default_factory=threading.Event)
+    _in_flight: list[int] = field(default_factory=lambda: [0])
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __enter__(self) -> Load:
+        for _ in range(self.clients):
+            thread = threading.Thread(target=self._run, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def _run(self) -> None:
+        body = {"model": self.model, "prompt": "Hello", "max_tokens": 3}
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                with self._lock:  # checked and counted at once: quiet() sees every start
+                    paused = self._paused.is_set()
+                    if not paused:
+                        self._in_flight[0] += 1
+                if paused:
+                    time.sleep(0.02)
+                    continue
+                started = time.time()
+                try:
+                    answer = client.post(self.url + "/completions", json=body)
+                    result = Result(
+                        started,
+                        answer.status_code,
+                        answer.headers.get("x-served-version", ""),
+                        "" if answer.status_code == 200 else answer.text[:300],
+                    )
+                except httpx.HTTPError as exc:
+                    result = Result(started, 0, "", repr(exc))
+                finally:
+                    with self._lock:
+                        self._in_flight[0] -= 1
+                self.results.append(result)
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """No request in flight inside the block (callers pause; none is lost)."""
+        with self._lock:
+            self._paused.set()
+        wait_for(lambda: self._in_flight[0] == 0, 60, "in-flight requests to finish", 0.01)
+        try:
+            yield
+        finally:
+            self._paused.clear()
+
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if r.status != 200]
+
+    def mix(self, since: float = 0.0, until: float = float("inf")) -> Counter[str]:
+        return Counter(r.served_by for r in self.results if since <= r.started < until)
+
+
+def timeline(deployment: Deployment) -> list[str]:
+    return [e.message for e in deployment.events.order_by("created_at", "id")]
+
+
+def live_instances(deployment: Deployment) -> list[Instance]:
+    return list(deployment.instances.exclude(state__in=["stopped", "failed"]))

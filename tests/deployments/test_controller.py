@@ -1,0 +1,236 @@
+"""The controller's decisions, step by step, on a launcher the test moves by hand.
+
+``test_rollouts.py`` runs the same controller on real processes under load; these tests look
+at each step in between: what is started, what takes traffic, and what is stopped when.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from portal.core.actors import Actor
+from portal.core.transitions import Action, transition_version
+from portal.deployments import controller, services
+from portal.deployments.launchers.base import Health
+from portal.deployments.models import Deployment
+from portal.registry.models import VersionState
+from tests.deployments.memory_launcher import MemoryLauncher as M
+from tests.factories import make_model, make_version
+
+USER = Actor(label="user:test")
+
+
+@pytest.fixture(autouse=True)
+def memory_launcher(settings, clean_redis):
+    settings.INSTANCE_LAUNCHER = "tests.deployments.memory_launcher.MemoryLauncher"
+    M.reset()
+    yield
+    M.reset()
+
+
+def ready_version(model, artifact_root, **spec):
+    version = make_version(model, artifact_root, **spec)
+    for state in ("materializing", "materialized", "packaging", "ready"):
+        transition_version(version, state)
+    return version
+
+
+def step(deployment: Deployment, times: int = 1) -> Deployment:
+    for _ in range(times):
+        controller.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    return deployment
+
+
+def run_until(deployment: Deployment, predicate, limit: int = 30) -> Deployment:
+    for _ in range(limit):
+        if predicate(step(deployment)):
+            return deployment
+    raise AssertionError(f"still {deployment.observed_state}: {deployment.status_message}")
+
+
+@pytest.fixture
+def versions(team, release, artifact_root):
+    model = make_model(team, "chat")
+    return model, ready_version(model, artifact_root), ready_version(model, artifact_root)
+
+
+def serve_v1(model, v1, instance_type, replicas=2, **options) -> Deployment:
+    deployment = services.create_deployment(
+        model=model,
+        strategy="red_black",
+        version=v1,
+        instance_type=instance_type,
+        actor=USER,
+        replicas=replicas,
+        bake_seconds=0,
+        **options,
+    )
+    step(deployment, 2)  # pending → progressing → start
+    assert M.count(1, Health.STARTING) == replicas
+    M.set_health(1, Health.READY)
+    run_until(deployment, lambda d: d.observed_state == "serving")
+    assert M.split() == {"v1": (100, replicas)}
+    return deployment
+
+
+def test_a_first_deploy_starts_every_replica_then_serves(versions, cpu_instance_type):
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=3)
+    assert deployment.traffic == {"1": 100}
+    assert deployment.instances.filter(state="ready").count() == 3
+
+
+def test_red_black_scales_new_up_as_old_goes_down_and_never_before_new_is_ready(
+    versions, cpu_instance_type
+):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[25, 50, 100])
+    services.update_deployment(deployment, actor=USER, version=v2)
+    observed = []
+    for _ in range(60):
+        step(deployment)
+        ready_v2 = M.count(2, Health.READY)
+        observed.append((deployment.current_stage, M.count(1, Health.READY), ready_v2))
+        if M.routes and ready_v2 == 0:
+            assert "v2" not in M.split() or M.split()["v2"][1] == 0  # no traffic before ready
+        M.set_health(2, Health.READY)
+        M.finish_draining()
+        if deployment.observed_state == "serving":
+            break
+    assert deployment.observed_state == "serving"
+    assert M.split() == {"v2": (100, 2)}
+    # The v1 set shrinks only once v2 took its share: per stage (old ready, new ready)
+    by_stage = {}
+    for stage, old, new in observed:
+        by_stage.setdefault(stage, set()).add((old, new))
+    assert (2, 1) in by_stage[1]  # 25%: one new beside both old
+    assert (1, 1) in by_stage[2]  # 50%: one of each
+    assert (1, 2) in by_stage[3]  # 100%: both new, one old kept until the final bake ends
+    assert M.count(1, Health.READY, Health.STARTING, Health.DRAINING) == 0
+    messages = [e.message for e in deployment.events.all()]
+    assert "Stage 1/3: traffic v2 25%, v1 75%." in messages
+    assert "Stage 2/3: traffic v2 50%, v1 50%; draining 1 v1 instance(s)." in messages
+
+
+def test_a_crash_rolls_back_to_the_full_old_set_before_removing_the_new(
+    versions, cpu_instance_type
+):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
+    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
+    step(deployment, 2)
+    M.set_health(2, Health.READY)
+    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    M.finish_draining()
+    step(deployment)
+    assert M.split() == {"v2": (50, 1), "v1": (50, 1)}
+    M.set_health(2, Health.CRASHED, "exit status -9")
+    step(deployment)
+    assert deployment.observed_state == "rolling_back"
+    assert "crashed: exit status -9" in deployment.status_message
+    step(deployment)
+    assert M.count(1, Health.STARTING) == 1  # restoring v1 to two
+    step(deployment, 3)
+    assert M.split()["v1"] == (50, 1)  # unchanged until v1 is whole again
+    M.set_health(1, Health.READY)
+    step(deployment)
+    assert M.split() == {"v1": (100, 2)}
+    run_until(deployment, lambda d: d.observed_state == "serving")
+    assert deployment.target_version == v1 and deployment.previous_version is None
+    assert deployment.status_message.startswith("Rolled back to v1 because instance ")
+
+
+def test_a_retired_instance_is_stopped_only_once_the_gateways_have_the_new_table(
+    versions, cpu_instance_type
+):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
+    services.update_deployment(deployment, actor=USER, version=v2)
+    step(deployment, 2)
+    M.set_health(2, Health.READY)
+    M.auto_apply = False
+    run_until(deployment, lambda d: d.step.get("phase") == "shift")
+    step(deployment, 3)
+    assert deployment.instances.filter(state="draining").count() == 1
+    assert M.stop_calls == []  # the gateways may still send it requests
+    M.applied = M.generation
+    step(deployment)
+    assert len(M.stop_calls) == 1
+
+
+def test_pause_resume_and_promote(versions, cpu_instance_type):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[10, 50, 90, 100])
+    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
+    step(deployment, 2)
+    M.set_health(2, Health.READY)
+    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    services.act(deployment, Action.PAUSE, actor=USER)
+    assert step(deployment).observed_state == "paused"
+    assert step(deployment, 3).current_stage == 1
+    services.act(deployment, Action.RESUME, actor=USER)
+    assert step(deployment).observed_state == "progressing"
+    services.act(deployment, Action.PROMOTE, actor=USER)
+    step(deployment)
+    assert deployment.current_stage == 4
+    assert "Promoted: skipping to stage 4 (100%)." in [e.message for e in deployment.events.all()]
+    services.update_deployment(deployment, actor=USER, bake_seconds=0)
+    run_until(deployment, lambda d: d.observed_state == "serving")
+    assert deployment.target_version == v2
+
+
+def test_aborting_a_first_deploy_stops_everything(versions, cpu_instance_type):
+    model, v1, _ = versions
+    deployment = services.create_deployment(
+        model=model, strategy="red_black", version=v1, instance_type=cpu_instance_type, actor=USER
+    )
+    step(deployment, 2)
+    services.act(deployment, Action.ABORT, actor=USER, reason="wrong model")
+    step(deployment, 2)
+    M.finish_draining()
+    run_until(deployment, lambda d: d.observed_state == "aborted")
+    assert deployment.status_message == "Abort requested."
+    assert M.table == {}
+    assert deployment.traffic == {}
+
+
+def test_a_failed_version_fails_its_first_deploy(versions, cpu_instance_type, artifact_root):
+    model, _, _ = versions
+    v3 = make_version(model, artifact_root)
+    deployment = services.create_deployment(
+        model=model, strategy="red_black", version=v3, instance_type=cpu_instance_type, actor=USER
+    )
+    assert "Waiting for v3 to be ready (registered)." in step(deployment).status_message
+    transition_version(v3, VersionState.FAILED, reason="checksum mismatch")
+    assert step(deployment).observed_state == "failed"
+    assert "checksum mismatch" in deployment.status_message
+
+
+def test_an_interface_change_needs_versioned_or_an_explicit_override(
+    team, release, artifact_root, cpu_instance_type
+):
+    model = make_model(team, "tagger")
+    spec = {
+        "backend": "python",
+        "api_surface": "grpc",
+        "engine_args": {},
+        "python_model": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
+    }
+    io_v1 = {
+        "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
+        "outputs": [{"name": "TAGS", "data_type": "TYPE_STRING", "dims": [-1]}],
+    }
+    io_v2 = {**io_v1, "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [-1]}]}
+    v1 = ready_version(model, artifact_root, io_spec=io_v1, **spec)
+    v2 = ready_version(model, artifact_root, io_spec=io_v2, **spec)
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
+    advice = services.advise_strategy(model, v2)
+    assert advice.strategy == "versioned" and "I/O spec" in advice.interface_changes[0]
+    assert "temporary" not in advice.reason and "on top of the old ones" in advice.reason
+    with pytest.raises(ValidationError, match="changes the model's interface"):
+        services.update_deployment(deployment, actor=USER, version=v2)
+    services.update_deployment(deployment, actor=USER, version=v2, allow_io_change=True)
+    deployment.refresh_from_db()
+    assert deployment.target_version == v2 and deployment.allow_io_change

@@ -1,0 +1,240 @@
+"""Rollouts end to end: real serving processes behind the real gateway, the controller in a real
+Celery worker, callers under continuous load. Every test ends with zero failed requests and no
+instance process left that the deployment does not account for."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+from portal.core.transitions import Action
+from portal.deployments import services
+from portal.deployments.models import Deployment
+from portal.deployments.tasks import redrive_deployments
+from tests.conftest import start_celery_worker
+from tests.deployments.conftest import USER
+from tests.deployments.rollout_helpers import (
+    Load,
+    instance_processes,
+    live_instances,
+    timeline,
+    wait_for,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SERVED_NAME = "search--chat"  # the Triton model name of team "search", model "chat"
+
+
+def state(deployment: Deployment) -> Deployment:
+    deployment.refresh_from_db()
+    return deployment
+
+
+def serving(deployment: Deployment, version: int, timeout: float = 120) -> Deployment:
+    def done():
+        d = state(deployment)
+        assert d.observed_state not in ("failed", "aborted"), d.status_message
+        return d.observed_state == "serving" and d.target_version.number == version and d
+
+    return wait_for(done, timeout, f"v{version} serving")
+
+
+def settled(world, deployment: Deployment, replicas: int, timeout: float = 60) -> None:
+    """Only the serving version's instances run, and exactly as many as wanted."""
+
+    def clean():
+        d = state(deployment)
+        live = live_instances(d)
+        running = instance_processes(world.run_root)
+        return (
+            len(live) == replicas
+            and all(i.version_id == d.target_version_id and i.state == "ready" for i in live)
+            and sorted(running) == sorted(i.name for i in live)
+        )
+
+    wait_for(clean, timeout, "old instances to be drained and stopped")
+
+
+def in_bake(deployment: Deployment, stage: int) -> bool:
+    d = state(deployment)
+    return (
+        d.observed_state == "progressing"
+        and d.current_stage == stage
+        and d.step.get("phase") == "bake"
+    )
+
+
+@pytest.fixture
+def chat(rollout_world):
+    """Model "chat" serving v1 on one instance, with v2 registered and ready."""
+    world = rollout_world
+    model = world.model("chat")
+    v1 = world.version(model)
+    v2 = world.version(model)
+    deployment = world.deploy(model, v1, replicas=1, stages=[50, 100], bake_seconds=3)
+    serving(deployment, 1)
+    return world, model, v1, v2, deployment
+
+
+def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(rollout_world):
+    world = rollout_world
+    model = world.model("chat")
+    v1, v2 = world.version(model), world.version(model)
+    deployment = world.deploy(model, v1, replicas=2, stages=[25, 50, 100], bake_seconds=4)
+    serving(deployment, 1)
+    settled(world, deployment, 2)
+    with Load(world.endpoint(model), SERVED_NAME, clients=3) as load:
+        time.sleep(1)
+        services.update_deployment(deployment, actor=USER, version=v2)
+        serving(deployment, 2, timeout=180)
+        time.sleep(1)
+    assert load.failures() == []
+    events = list(state(deployment).events.order_by("created_at"))
+    stage_starts = {
+        e.message.split(":")[0]: e.created_at.timestamp()
+        for e in events
+        if e.message.startswith("Stage ") and "traffic" in e.message
+    }
+    assert list(stage_starts) == ["Stage 1/3", "Stage 2/3", "Stage 3/3"]
+    bounds = [*stage_starts.values(), time.time()]
+    shares = []
+    for since, until in itertools.pairwise(bounds):
+        mix = load.mix(since + 0.5, until)  # half a second for the gateways to take the table
+        shares.append(mix["v2"] / max(1, mix["v1"] + mix["v2"]))
+    assert 0.1 < shares[0] < 0.4, shares
+    assert 0.35 < shares[1] < 0.65, shares
+    assert shares[2] > 0.95, shares
+    assert load.mix(0, bounds[0] - 1)["v2"] == 0  # nothing reached v2 before stage 1
+    settled(world, deployment, 2)
+    # New +k as old -k: with 2 replicas, stage 50% runs one of each.
+    messages = timeline(deployment)
+    assert any(
+        "Stage 2/3: traffic v2 50%, v1 50%; draining 1 v1 instance(s)" in m for m in messages
+    )
+
+    # An operator rollback: v1 is restored at full size before any v2 instance goes.
+    with Load(world.endpoint(model), SERVED_NAME, clients=3) as load:
+        services.act(deployment, Action.ROLLBACK, actor=USER, reason="bad answers")
+        serving(deployment, 1, timeout=180)
+        time.sleep(0.5)
+    assert load.failures() == []
+    assert state(deployment).previous_version is None
+    assert "Rolled back to v1 because rollback requested" in state(deployment).status_message
+    settled(world, deployment, 2)
+    assert load.mix(time.time() - 0.4)["v2"] == 0
+
+
+def test_a_version_that_never_becomes_healthy_is_rolled_back(chat):
+    world, model, _v1, v2, deployment = chat
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        # A real instance needs several seconds to load; a 1 s deadline is a health deadline
+        # breach as a hung GPU load would be.
+        services.update_deployment(deployment, actor=USER, version=v2, health_deadline_seconds=1)
+        serving(deployment, 1)
+    assert load.failures() == []
+    assert load.mix()["v2"] == 0
+    d = state(deployment)
+    assert "did not pass its health check within 1 s" in d.status_message
+    assert d.status_message.startswith("Rolled back to v1 because instance ")
+    settled(world, deployment, 1)
+
+
+def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
+    world, model, _v1, v2, deployment = chat
+    services.update_deployment(deployment, actor=USER, bake_seconds=60)
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        services.update_deployment(deployment, actor=USER, version=v2)
+        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        time.sleep(1)
+        assert load.mix()["v2"] > 0
+        # A crash between requests: whatever v2 was answering finishes first (a request in
+        # flight on a crashed instance is lost; no proxy may replay it).
+        with load.quiet():
+            [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
+            process = instance_processes(world.run_root)[v2_instance.name]
+            dying = [process, *process.children(recursive=True)]
+            for each in dying:
+                each.kill()
+            # Gone for good: a connection the kernel queued while the process was being torn
+            # down would be reset, and that request would have been in flight too.
+            psutil.wait_procs(dying, timeout=10)
+        serving(deployment, 1)
+    assert load.failures() == []
+    d = state(deployment)
+    assert f"instance {v2_instance.name} of v2 crashed" in d.status_message
+    settled(world, deployment, 1)
+
+
+def test_an_error_rate_breach_during_the_bake_rolls_back(chat):
+    world, model, _v1, v2, deployment = chat
+    services.update_deployment(deployment, actor=USER, bake_seconds=60, max_error_rate=0.2)
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        services.update_deployment(deployment, actor=USER, version=v2)
+        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
+        # Other callers send v2 requests it fails (no text_input): its own metrics count them.
+        url = f"{v2_instance.endpoints['kserve_http']}/v2/models/{SERVED_NAME}/generate"
+        for _ in range(10):
+            assert httpx.post(url, json={}).status_code == 400
+        serving(deployment, 1)
+    assert load.failures() == []
+    d = state(deployment)
+    assert "v2's error rate" in d.status_message and "exceeded the 20% bound" in d.status_message
+    settled(world, deployment, 1)
+
+
+def test_a_rollout_survives_its_worker_being_killed(chat):
+    world, model, _v1, v2, deployment = chat
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        services.update_deployment(deployment, actor=USER, version=v2)
+        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        os.killpg(world.worker.pid, signal.SIGKILL)
+        world.worker.wait()
+        time.sleep(3)  # longer than RECONCILE_STALE_SECONDS: nobody is looking now
+        stuck = state(deployment).last_reconciled_at
+        world.worker = start_celery_worker("rollout-2")
+        redrive_deployments.delay()  # what beat does every 10 s
+        serving(deployment, 2)
+    assert load.failures() == []
+    assert state(deployment).last_reconciled_at > stuck
+    settled(world, deployment, 1)  # no instance leaked: only v2's one runs
+
+
+def test_versioned_versions_serve_side_by_side_and_idle_old_ones_are_cleaned_up(
+    rollout_world, settings
+):
+    world = rollout_world
+    model = world.model("chat")
+    v1, v2 = world.version(model), world.version(model)
+    old = world.deploy(model, v1, strategy="versioned")
+    new = world.deploy(model, v2, strategy="versioned")
+    serving(old, 1)
+    serving(new, 2)
+    for _deployment, number in ((old, 1), (new, 2)):
+        answer = httpx.post(
+            world.endpoint(model, number) + "/completions",
+            json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-served-version"] == f"v{number}"
+    assert services.advise_strategy(model, v2).strategy == "red_black"
+
+    settings.VERSIONED_IDLE_SECONDS = 3
+    wait_for(lambda: services.retire_idle_versioned() == [], 1, "an active v1 to be kept")
+    time.sleep(4)  # now both are idle: only the older goes, the latest is always kept
+    assert services.retire_idle_versioned() == [old.pk]
+    assert state(old).observed_state == "retired"
+    assert state(new).observed_state == "serving"
+    wait_for(lambda: not live_instances(old), 60, "v1's instances to stop")
+    assert (
+        httpx.post(world.endpoint(model, 1) + "/completions", json={}, timeout=10).status_code
+        == 404
+    )
