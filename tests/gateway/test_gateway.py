@@ -77,9 +77,7 @@ def closed_port_backend(name: str) -> Backend:
     return Backend(name, openai=url, kserve_http=url)
 
 
-def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(
-    client, gateway, backends
-):
+def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(client, gateway, backends):
     _, url = gateway
     a, b = backends("a"), backends("b")
     publish(
@@ -190,9 +188,7 @@ def test_a_malformed_table_is_ignored_and_the_last_good_one_kept(client, gateway
     assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
 
 
-def test_gateways_report_what_they_applied_and_when_routes_were_used(
-    client, gateway, backends
-):
+def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gateway, backends):
     _, url = gateway
     assert table.applied_generation(client) == 0
     generation = publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
