@@ -171,6 +171,13 @@ INSTANCE_RUN_ROOT = Path(os.environ.get("INSTANCE_RUN_ROOT", VAR_DIR / "instance
 #: Where instances are containers (Kubernetes), the serving image built from
 #: docker/serving.Dockerfile, tagged with the platform release's name.
 SERVING_IMAGE_REPOSITORY = os.environ.get("SERVING_IMAGE_REPOSITORY", "llm-serving/serving")
+#: Kubernetes launcher: the namespace instances run in, the PersistentVolumeClaim of the model
+#: cache (FSx for Lustre through its CSI driver in production; see docs/operations.md), and
+#: the Gateway API Gateway that HTTPRoutes attach to (blank: Services only, no HTTPRoutes).
+KUBERNETES_NAMESPACE = os.environ.get("KUBERNETES_NAMESPACE", "llm-serving")
+KUBERNETES_MODEL_CACHE_PVC = os.environ.get("KUBERNETES_MODEL_CACHE_PVC", "model-cache")
+KUBERNETES_GATEWAY_NAME = os.environ.get("KUBERNETES_GATEWAY_NAME", "")
+KUBERNETES_GATEWAY_NAMESPACE = os.environ.get("KUBERNETES_GATEWAY_NAMESPACE", "")
 #: How long a stopped instance may take to finish its in-flight requests.
 INSTANCE_DRAIN_SECONDS = float(os.environ.get("INSTANCE_DRAIN_SECONDS", "30"))
 #: The local gateway's public URL, shown to callers (``serving.gateway``).

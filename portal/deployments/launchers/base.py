@@ -14,10 +14,21 @@ sets behind one route; a Versioned deployment has one set behind its own route.
 from __future__ import annotations
 
 import abc
+import hashlib
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+
+def dns_label(*parts: str) -> str:
+    """A valid DNS label (≤ 63 characters) from ``parts``; too long a name keeps a hash."""
+    name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:54].rstrip('-')}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,7 @@ class VersionSet:
 
     @property
     def key(self) -> str:
-        return f"{self.team}-{self.model}-v{self.version}-d{self.deployment_id}".lower().replace(
-            "_", "-"
-        )
+        return dns_label(self.team, self.model, f"v{self.version}", f"d{self.deployment_id}")
 
 
 class Health(StrEnum):
