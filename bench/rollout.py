@@ -1,7 +1,8 @@
 """Rollout benchmark: callers through the gateway in steady state and during a Red-Black rollout,
 and how long the controller takes to act once a step's condition holds.
 
-Run from the repository root (PostgreSQL and Redis as for the tests)::
+Run from the repository root (Redis on 127.0.0.1:6379; the database is a SQLite file, as in
+``./dev run``, unless ``BENCH_DATABASE_URL`` names another)::
 
     python bench/rollout.py --quick    # 1 replica, short bakes: about 2 minutes
     python bench/rollout.py            # the recorded run: 2 replicas, stages 25/50/100
@@ -42,9 +43,8 @@ from bench.machine import free_port, machine_info  # noqa: E402
 def configure(tmp: Path) -> dict[str, str]:
     env = {
         "SECRET_KEY": "bench-only",
-        "DATABASE_URL": os.environ.get(
-            "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
-        ),
+        # The embedded default (a SQLite file), unless BENCH_DATABASE_URL names another.
+        "DATABASE_URL": os.environ.get("BENCH_DATABASE_URL", f"sqlite:///{tmp / 'bench.sqlite3'}"),
         "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
         "PORTAL_VAR_DIR": str(tmp / "var"),
         "MODEL_CACHE_ROOT": str(tmp / "cache"),
