@@ -24,6 +24,7 @@ ready instances, then gets 100% of the traffic, and only then are ``T``'s instan
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -50,6 +51,8 @@ from portal.registry.models import ModelVersion, VersionState
 
 D = ObservedState
 LOCK_SECONDS = 30
+ERROR_RETRY_SECONDS = 5.0
+log = logging.getLogger(__name__)
 
 
 def reconcile(deployment_id: int) -> float | None:
@@ -72,9 +75,17 @@ def reconcile(deployment_id: int) -> float | None:
         )
         if deployment is None:
             return None
-        view = instances.sync(deployment)
-        delay = _STEPS[deployment.observed_state](deployment, view)
-        instances.stop_drained(deployment, view, routing.publish())
+        try:
+            view = instances.sync(deployment)
+            delay = _STEPS[deployment.observed_state](deployment, view)
+            instances.stop_drained(deployment, view, routing.publish())
+        except Exception as exc:  # a launcher or its API failing: say so, and try again
+            log.exception("reconciling deployment %s failed", deployment_id)
+            Deployment.objects.filter(pk=deployment_id).update(
+                status_message=f"The controller hit an error and retries in "
+                f"{ERROR_RETRY_SECONDS:.0f} s: {exc!r}"
+            )
+            delay = ERROR_RETRY_SECONDS
         Deployment.objects.filter(pk=deployment_id).update(last_reconciled_at=timezone.now())
         return delay
     finally:

@@ -234,3 +234,20 @@ def test_an_interface_change_needs_versioned_or_an_explicit_override(
     services.update_deployment(deployment, actor=USER, version=v2, allow_io_change=True)
     deployment.refresh_from_db()
     assert deployment.target_version == v2 and deployment.allow_io_change
+
+
+def test_a_launcher_error_is_reported_and_retried(versions, cpu_instance_type, monkeypatch):
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
+
+    def broken(self, version_set):
+        raise ConnectionError("API server unreachable")
+
+    monkeypatch.setattr(M, "observe", broken)
+    assert controller.reconcile(deployment.pk) == controller.ERROR_RETRY_SECONDS
+    deployment.refresh_from_db()
+    assert "retries in 5 s: ConnectionError('API server unreachable')" in deployment.status_message
+    assert deployment.observed_state == "serving"  # nothing was decided on a broken view
+    monkeypatch.undo()
+    step(deployment)
+    assert deployment.observed_state == "serving"
