@@ -238,7 +238,8 @@ def start_celery_worker(name: str = "test") -> subprocess.Popen:
     return proc
 
 
-def stop_celery_worker(proc: subprocess.Popen) -> None:
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM a process started in its own session (a worker, a gateway), SIGKILL after 20 s."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)
@@ -254,7 +255,7 @@ def celery_worker_process(transactional_db, clean_redis):
     """A real worker for the test; fixtures that set its environment must come before it."""
     proc = start_celery_worker()
     yield proc
-    stop_celery_worker(proc)
+    stop_process_group(proc)
 
 
 @pytest.fixture

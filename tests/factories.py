@@ -20,6 +20,25 @@ def make_version(model, artifact_root, **overrides):
     return register_version(model=model, **spec)
 
 
+#: A Python-backend version whose interface is a text in, tags out.
+TAGGER_IO = {
+    "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
+    "outputs": [{"name": "TAGS", "data_type": "TYPE_STRING", "dims": [-1]}],
+}
+
+
+def make_python_version(model, artifact_root, io_spec: dict):
+    return make_version(
+        model,
+        artifact_root,
+        backend="python",
+        api_surface="grpc",
+        engine_args={},
+        io_spec=io_spec,
+        python_model="class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
+    )
+
+
 def make_deployment(model, version, instance_type, strategy: str = "red_black", **overrides):
     return create_deployment(
         model=model,

@@ -15,7 +15,13 @@ from portal.deployments.models import (
 )
 from portal.registry.models import VersionState
 from tests.api_helpers import api_error, nothing_created, ok
-from tests.factories import make_deployment, make_model, make_version
+from tests.factories import (
+    TAGGER_IO,
+    make_deployment,
+    make_model,
+    make_python_version,
+    make_version,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -273,20 +279,10 @@ def test_patch_rollout_settings_records_an_update(acting, red_black):
 def test_an_interface_change_is_refused_red_black_and_advice_says_versioned(
     client, team, release, artifact_root, cpu_instance_type
 ):
-    spec = {
-        "backend": "python",
-        "api_surface": "grpc",
-        "engine_args": {},
-        "python_model": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
-    }
-    io = {
-        "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
-        "outputs": [{"name": "TAGS", "data_type": "TYPE_STRING", "dims": [-1]}],
-    }
     model = make_model(team, "tagger")
-    v1 = make_version(model, artifact_root, io_spec=io, **spec)
-    v2_io = {**io, "outputs": [{"name": "TAGS", "data_type": "TYPE_INT32", "dims": [-1]}]}
-    v2 = make_version(model, artifact_root, io_spec=v2_io, **spec)
+    v1 = make_python_version(model, artifact_root, TAGGER_IO)
+    v2_io = {**TAGGER_IO, "outputs": [{"name": "TAGS", "data_type": "TYPE_INT32", "dims": [-1]}]}
+    v2 = make_python_version(model, artifact_root, v2_io)
     deployment = make_deployment(model, v1, cpu_instance_type)
     serve(deployment)
 

@@ -21,7 +21,7 @@ from portal.cache.tasks import redrive_materializations
 from portal.registry.models import VersionState
 from portal.registry.packaging import weights_dir
 from tests.cache.conftest import BUCKET
-from tests.conftest import start_celery_worker, stop_celery_worker
+from tests.conftest import start_celery_worker, stop_process_group
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -237,7 +237,7 @@ def test_a_killed_worker_is_resumed_without_fetching_finished_ranges(
         os.killpg(worker.pid, signal.SIGKILL)  # kill -9, mid-transfer
         worker.wait()
     finally:
-        stop_celery_worker(worker)
+        stop_process_group(worker)
 
     record.refresh_from_db()
     version.refresh_from_db()
@@ -255,7 +255,7 @@ def test_a_killed_worker_is_resumed_without_fetching_finished_ranges(
             lambda: version.refresh_from_db() or version.state == VersionState.READY, timeout=60
         )
     finally:
-        stop_celery_worker(worker)
+        stop_process_group(worker)
 
     record.refresh_from_db()
     assert record.state == CopyState.PRESENT and record.attempts == 2

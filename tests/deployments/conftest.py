@@ -15,11 +15,10 @@ from portal.deployments.services import create_deployment
 from portal.registry.models import ModelVersion, VersionState
 from portal.registry.services import create_model, register_version
 from serving.demo_model import make_demo_model
-from tests.conftest import start_celery_worker, stop_celery_worker
+from tests.conftest import start_celery_worker, stop_process_group
 from tests.deployments.rollout_helpers import (
     kill_instance_processes,
     start_gateway,
-    stop_process,
     wait_for,
 )
 
@@ -111,6 +110,6 @@ def rollout_world(
     try:
         yield world
     finally:
-        stop_celery_worker(world.worker)  # type: ignore[arg-type]
+        stop_process_group(world.worker)  # type: ignore[arg-type]
         kill_instance_processes(run_root)
-        stop_process(gateway)
+        stop_process_group(gateway)

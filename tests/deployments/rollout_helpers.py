@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -58,16 +56,6 @@ def start_gateway(redis_url: str) -> tuple[subprocess.Popen, str]:
     line = proc.stdout.readline()
     assert line.startswith("GATEWAY READY"), line
     return proc, f"http://127.0.0.1:{port}"
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def instance_processes(run_root: Path) -> dict[str, psutil.Process]:

@@ -16,7 +16,7 @@ from portal.deployments.launchers.base import Health
 from portal.deployments.models import Deployment
 from portal.registry.models import VersionState
 from tests.deployments.memory_launcher import MemoryLauncher as M
-from tests.factories import make_model, make_version
+from tests.factories import TAGGER_IO, make_model, make_python_version, make_version
 
 USER = Actor(label="user:test")
 
@@ -29,11 +29,14 @@ def memory_launcher(settings, clean_redis):
     M.reset()
 
 
-def ready_version(model, artifact_root, **spec):
-    version = make_version(model, artifact_root, **spec)
+def make_ready(version):
     for state in ("materializing", "materialized", "packaging", "ready"):
         transition_version(version, state)
     return version
+
+
+def ready_version(model, artifact_root):
+    return make_ready(make_version(model, artifact_root))
 
 
 def step(deployment: Deployment, times: int = 1) -> Deployment:
@@ -212,19 +215,9 @@ def test_an_interface_change_needs_versioned_or_an_explicit_override(
     team, release, artifact_root, cpu_instance_type
 ):
     model = make_model(team, "tagger")
-    spec = {
-        "backend": "python",
-        "api_surface": "grpc",
-        "engine_args": {},
-        "python_model": "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
-    }
-    io_v1 = {
-        "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
-        "outputs": [{"name": "TAGS", "data_type": "TYPE_STRING", "dims": [-1]}],
-    }
-    io_v2 = {**io_v1, "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [-1]}]}
-    v1 = ready_version(model, artifact_root, io_spec=io_v1, **spec)
-    v2 = ready_version(model, artifact_root, io_spec=io_v2, **spec)
+    io_v2 = {**TAGGER_IO, "inputs": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [-1]}]}
+    v1 = make_ready(make_python_version(model, artifact_root, TAGGER_IO))
+    v2 = make_ready(make_python_version(model, artifact_root, io_v2))
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
     advice = services.advise_strategy(model, v2)
     assert advice.strategy == "versioned" and "I/O spec" in advice.interface_changes[0]

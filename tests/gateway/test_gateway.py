@@ -16,7 +16,8 @@ from django.conf import settings
 
 from serving.gateway import table
 from serving.gateway.table import Backend, Group, RouteEntry
-from tests.deployments.rollout_helpers import ROOT, start_gateway, stop_process, wait_for
+from tests.conftest import stop_process_group
+from tests.deployments.rollout_helpers import ROOT, start_gateway, wait_for
 from tests.ports import free_port
 
 
@@ -29,7 +30,7 @@ def client(clean_redis):
 def gateway(client):
     proc, url = start_gateway(settings.REDIS_URL)
     yield proc, url
-    stop_process(proc)
+    stop_process_group(proc)
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def backends():
 
     yield start
     for proc in started:
-        stop_process(proc)
+        stop_process_group(proc)
 
 
 def publish(client, url: str, *routes: RouteEntry) -> int:
@@ -70,6 +71,19 @@ def publish(client, url: str, *routes: RouteEntry) -> int:
 
 def route(path: str, *groups: Group) -> RouteEntry:
     return RouteEntry(path, list(groups))
+
+
+def slow_request(url: str) -> tuple[dict[str, httpx.Response], threading.Thread]:
+    """A 2 s request through the gateway, in flight by the time this returns."""
+    slow: dict[str, httpx.Response] = {}
+    thread = threading.Thread(
+        target=lambda: slow.update(
+            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10)
+        )
+    )
+    thread.start()
+    time.sleep(0.5)
+    return slow, thread
 
 
 def closed_port_backend(name: str) -> Backend:
@@ -151,14 +165,7 @@ def test_a_backend_leaving_the_table_finishes_what_it_has(client, gateway, backe
     _, url = gateway
     old, new = backends("old"), backends("new")
     publish(client, url, route("t/m", Group("v1", 100, [old])))
-    slow: dict[str, httpx.Response] = {}
-    thread = threading.Thread(
-        target=lambda: slow.update(
-            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10)
-        )
-    )
-    thread.start()
-    time.sleep(0.5)
+    slow, thread = slow_request(url)
     publish(client, url, route("t/m", Group("v2", 100, [new])))
     assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "new"
     thread.join()
@@ -201,14 +208,7 @@ def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gat
 def test_sigterm_lets_in_flight_requests_finish(client, gateway, backends):
     proc, url = gateway
     publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
-    slow: dict[str, httpx.Response] = {}
-    thread = threading.Thread(
-        target=lambda: slow.update(
-            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10)
-        )
-    )
-    thread.start()
-    time.sleep(0.5)
+    slow, thread = slow_request(url)
     os.killpg(proc.pid, signal.SIGTERM)
     thread.join()
     assert slow["answer"].status_code == 200
