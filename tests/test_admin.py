@@ -306,6 +306,22 @@ def test_request_abort(client, model, versions, cpu_instance_type):
     assert errors[0].startswith(f"Deployment {serving.pk}: Cannot abort")
 
 
+def test_pause_resume_and_promote_from_the_admin(client, rolling_out):
+    transition_deployment(rolling_out, ObservedState.PROGRESSING, reason="stage 1")
+    for action, desired in (
+        ("request_pause", DesiredState.PAUSED),
+        ("request_resume", DesiredState.ACTIVE),
+        ("request_promote", DesiredState.ACTIVE),
+    ):
+        messages = run_action(client, Deployment, action, [rolling_out])
+        verb = action.removeprefix("request_")
+        assert ("info", f"Deployment {rolling_out.pk}: {verb} requested.") in messages
+        rolling_out.refresh_from_db()
+        assert rolling_out.desired_state == desired
+        assert rolling_out.events.latest("id").actor_label == "operator:root"
+    assert rolling_out.promote_requested
+
+
 def test_deployment_change_page_is_read_only(client, rolling_out):
     """Desired state changes only through the services (validated, with an event): the admin
     form cannot edit replicas, stages or the instance type behind their back."""

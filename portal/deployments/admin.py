@@ -40,7 +40,7 @@ class EventInline(admin.TabularInline):
 class InstanceInline(admin.TabularInline):
     model = Instance
     fields = readonly_fields = (
-        "name", "version", "launcher", "state", "last_health_at", "health_message",
+        "name", "version", "launcher", "state", "ready_at", "last_health_at", "health_message",
     )  # fmt: skip
     extra = 0
     can_delete = False
@@ -59,11 +59,14 @@ class DeploymentAdmin(admin.ModelAdmin):
     search_fields = ["model__slug", "model__team__slug", "status_message"]
     readonly_fields = [
         "model", "strategy", "target_version", "previous_version", "desired_state",
-        "promote_requested", "observed_state", "current_stage", "status_message",
-        "created_by", "created_at", "updated_at",
+        "promote_requested", "observed_state", "current_stage", "traffic", "status_message",
+        "stages", "bake_seconds", "health_deadline_seconds", "max_error_rate",
+        "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
     ]  # fmt: skip
     inlines = [InstanceInline, EventInline]
-    actions = ["request_rollback", "request_abort"]
+    actions = [
+        "request_pause", "request_resume", "request_promote", "request_abort", "request_rollback",
+    ]  # fmt: skip
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -82,6 +85,18 @@ class DeploymentAdmin(admin.ModelAdmin):
                 self.message_user(request, f"Deployment {deployment.pk}: {exc}", messages.ERROR)
             else:
                 self.message_user(request, f"Deployment {deployment.pk}: {what} requested.")
+
+    @admin.action(description="Pause the rollout in progress")
+    def request_pause(self, request, queryset):
+        self._request(request, queryset, Action.PAUSE)
+
+    @admin.action(description="Resume a paused rollout")
+    def request_resume(self, request, queryset):
+        self._request(request, queryset, Action.RESUME)
+
+    @admin.action(description="Promote: skip the remaining stages")
+    def request_promote(self, request, queryset):
+        self._request(request, queryset, Action.PROMOTE)
 
     @admin.action(description="Request a rollback to the previous version")
     def request_rollback(self, request, queryset):
