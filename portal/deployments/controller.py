@@ -52,6 +52,8 @@ from portal.registry.models import ModelVersion, VersionState
 D = ObservedState
 LOCK_SECONDS = 30
 ERROR_RETRY_SECONDS = 5.0
+#: How long a new instance may fail its health check during a bake before that is a failure.
+UNHEALTHY_GRACE_SECONDS = 10
 log = logging.getLogger(__name__)
 
 
@@ -181,7 +183,12 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
             )
     if deployment.step.get("phase") == "bake":
         for instance in view.unhealthy(target):
-            return f"instance {instance.name} of v{target.number} failed its health check"
+            # One slow health check is not a failure; one that keeps failing is.
+            if time.time() - instance.updated_at.timestamp() > UNHEALTHY_GRACE_SECONDS:
+                return (
+                    f"instance {instance.name} of v{target.number} failed its health check for "
+                    f"over {UNHEALTHY_GRACE_SECONDS} s"
+                )
         return _error_rate_breach(deployment, view)
     return None
 

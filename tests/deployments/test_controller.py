@@ -6,8 +6,11 @@ at each step in between: what is started, what takes traffic, and what is stoppe
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from portal.core.actors import Actor
 from portal.core.transitions import Action, transition_version
@@ -244,3 +247,20 @@ def test_a_launcher_error_is_reported_and_retried(versions, cpu_instance_type, m
     monkeypatch.undo()
     step(deployment)
     assert deployment.observed_state == "serving"
+
+
+def test_an_instance_failing_its_health_check_through_the_bake_rolls_back(
+    versions, cpu_instance_type
+):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[50, 100])
+    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
+    step(deployment, 2)
+    M.set_health(2, Health.READY)
+    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    M.set_health(2, Health.UNHEALTHY, "health check failing")
+    assert step(deployment, 2).observed_state == "progressing"  # one slow check is tolerated
+    past = timezone.now() - timedelta(seconds=controller.UNHEALTHY_GRACE_SECONDS + 1)
+    deployment.instances.filter(state="unhealthy").update(updated_at=past)
+    assert step(deployment).observed_state == "rolling_back"
+    assert "failed its health check for over 10 s" in deployment.status_message
