@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.utils import timezone
 
 from portal.core.transitions import transition_instance
@@ -132,13 +133,7 @@ def stop_drained(deployment: Deployment, view: View, generation: int) -> None:
         return
     for rows in pending.values():
         the_set = version_set(deployment, rows[0].version)
-        launcher.stop(the_set, [r.name for r in rows], _drain_seconds())
-
-
-def _drain_seconds() -> float:
-    from django.conf import settings
-
-    return float(settings.INSTANCE_DRAIN_SECONDS)
+        launcher.stop(the_set, [r.name for r in rows], float(settings.INSTANCE_DRAIN_SECONDS))
 
 
 def _rows(deployment: Deployment) -> list[Instance]:

@@ -48,7 +48,7 @@ READY_LINE = re.compile(
 )
 #: A draining instance still alive this long after its drain deadline is killed.
 KILL_GRACE_SECONDS = 10.0
-HEALTH_TIMEOUT_SECONDS = 1.0
+HEALTH_TIMEOUT_SECONDS = 2.0
 
 
 class LocalLauncher(Launcher):
@@ -179,9 +179,6 @@ class LocalLauncher(Launcher):
                 psutil.Process(record["pid"]).send_signal(signal.SIGTERM)
             stopped.append(record["name"])
         return stopped
-
-    def log_tail(self, version_set: VersionSet, name: str, lines: int = 20) -> str:
-        return _tail(self._set_dir(version_set) / name / LOG, lines)
 
     def _set_dir(self, version_set: VersionSet) -> Path:
         return self.run_root / version_set.key
