@@ -156,14 +156,22 @@ class Instance:
         with self._lock:
             return [e["step"] for e in self.events if e.get("event") == "step"]
 
-    def step(self, name: str) -> dict[str, Any]:
-        with self._lock:
-            found = next(
-                (e for e in self.events if e.get("event") == "step" and e["step"] == name), None
-            )
-        if found is None:
-            raise AssertionError(f"no step {name!r} logged:\n{self.log()}")
-        return found
+    def step(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The step's logged event. Steps are logged on stderr and ``INSTANCE READY`` on
+        stdout, each read by its own thread, so a step just before READY may still be on its
+        way when READY is seen: wait a little for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                found = next(
+                    (e for e in self.events if e.get("event") == "step" and e["step"] == name),
+                    None,
+                )
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no step {name!r} logged:\n{self.log()}")
+            time.sleep(0.05)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
         deadline = time.monotonic() + timeout
