@@ -62,16 +62,20 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_htmx",
     "portal.core",
     "portal.accounts",
     "portal.registry",
     "portal.deployments",
     "portal.cache",
     "portal.api",
+    "portal.metrics",
+    "portal.web",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.metrics.middleware.RequestMetricsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -94,6 +98,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "portal.web.context_processors.teams",
             ],
         },
     },
@@ -117,7 +122,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "admin:login"
+LOGIN_URL = "web:login"
+LOGIN_REDIRECT_URL = "web:home"
+LOGOUT_REDIRECT_URL = "web:login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -199,6 +206,14 @@ VERSIONED_IDLE_SECONDS = int(os.environ.get("VERSIONED_IDLE_SECONDS", str(24 * 3
 #: How long a stored ``Idempotency-Key`` answer is replayed before it is purged.
 IDEMPOTENCY_KEY_TTL_SECONDS = int(os.environ.get("IDEMPOTENCY_KEY_TTL_SECONDS", str(24 * 3600)))
 
+# --- Metrics ----------------------------------------------------------------------------------
+
+#: How often beat scrapes every live instance's /metrics, how long one scrape may take, and how
+#: long the per-deployment points are kept.
+METRICS_SCRAPE_SECONDS = float(os.environ.get("METRICS_SCRAPE_SECONDS", "15"))
+METRICS_SCRAPE_TIMEOUT_SECONDS = float(os.environ.get("METRICS_SCRAPE_TIMEOUT_SECONDS", "2"))
+METRICS_RETENTION_SECONDS = int(os.environ.get("METRICS_RETENTION_SECONDS", str(24 * 3600)))
+
 # --- Celery on Redis --------------------------------------------------------------------------
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -238,6 +253,10 @@ CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-keys": {
         "task": "portal.core.tasks.purge_expired_idempotency_keys",
         "schedule": 3600.0,
+    },
+    "scrape-metrics": {
+        "task": "portal.metrics.tasks.scrape_metrics",
+        "schedule": float(METRICS_SCRAPE_SECONDS),
     },
 }
 #: Beat is considered dead when its heartbeat is older than this.

@@ -3,13 +3,15 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from portal.core import views as core_views
+from portal.metrics import views as metrics_views
 
 urlpatterns = [
-    path("", core_views.home, name="home"),
     path("healthz", core_views.healthz, name="healthz"),
     path("livez", core_views.livez, name="livez"),
+    path("metrics", metrics_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include("portal.web.urls")),
 ]

@@ -22,6 +22,7 @@ EXPECTED_PATHS = {
     "/api/v1/instance-types/{name}/": {"get"},
     "/api/v1/models/": {"get", "post"},
     "/api/v1/models/{id}/": {"get", "patch"},
+    "/api/v1/models/{id}/metrics/": {"get"},
     "/api/v1/versions/": {"get", "post"},
     "/api/v1/versions/{id}/": {"get", "patch"},
     "/api/v1/versions/{id}/events/": {"get"},
@@ -29,6 +30,7 @@ EXPECTED_PATHS = {
     "/api/v1/deployments/": {"get", "post"},
     "/api/v1/deployments/{id}/": {"get", "patch"},
     "/api/v1/deployments/advice/": {"get"},
+    "/api/v1/deployments/{id}/metrics/": {"get"},
     **{
         f"/api/v1/deployments/{{id}}/{action}/": {"post"}
         for action in ("pause", "resume", "abort", "promote", "rollback")

@@ -1,5 +1,6 @@
-"""The README's run command, as a new user runs it: the whole platform comes up and is healthy,
-and the demo model's serving instance answers the official OpenAI client."""
+"""The README's run and demo commands, as a new user runs them: the whole platform comes up and
+is healthy, the demo model is registered, rolled out and answers the official OpenAI client,
+and the pages are photographed; ``--check`` then stops everything."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ REDIS_DB_URL = "redis://127.0.0.1:6379/14"
 pytestmark = pytest.mark.e2e
 
 
-def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
+def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
     redis.Redis.from_url(REDIS_DB_URL).flushdb()
     port, gateway_port = free_port(), free_port()
     env = {
@@ -41,8 +42,8 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
     )
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen(
-        ["bash", "dev", "run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        ["bash", "dev", "demo", "--check"], cwd=ROOT, env=env, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
         body = wait_until_healthy(
@@ -62,18 +63,26 @@ def test_dev_run_brings_up_web_worker_and_beat(tmp_path):
             model="demo--tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.usage is not None and reply.usage.completion_tokens >= 1
+        # demo_check passes, and --check then stops the whole platform by itself.
+        returncode = proc.wait(timeout=180)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
         redis.Redis.from_url(REDIS_DB_URL).flushdb()
     output = (tmp_path / "run.log").read_text()
-    assert "Demo ready." in output
-    assert "Stopped 1 local instance(s)." in output  # nothing outlives ./dev run
+    assert returncode == 0, output[-4000:]
+    assert "Demo ready." in output and "Demo check passed." in output
+    assert "JSON-schema answer: {" in output
+    assert "Stopped 1 local instance(s)." in output  # nothing outlives ./dev demo
+    if Path("/usr/bin/chromium").exists():
+        shots = sorted(p.name for p in (tmp_path / "var" / "demo-screenshots").glob("*.png"))
+        assert shots == ["dashboard.png", "deployment.png", "model.png", "version.png"]
 
 
 def wait_for_deployment(port: int, token: str, proc, log: Path, timeout: float) -> dict:

@@ -329,3 +329,62 @@ class AdviceOut(serializers.Serializer):
 
 class ActionIn(StrictInput):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+# --- Metrics ------------------------------------------------------------------------------------
+
+
+class MetricsQuery(serializers.Serializer):
+    minutes = serializers.IntegerField(
+        min_value=1, max_value=1440, default=60, help_text="How far back, in minutes."
+    )
+
+
+class MetricPointOut(serializers.Serializer):
+    """One scrape pass: rates per second, latencies in seconds, fractions within 0..1; null
+    where there is nothing to say (no earlier reading, no requests, every source down)."""
+
+    at = serializers.DateTimeField()
+    prompt_tokens_per_s = serializers.FloatField(allow_null=True)
+    generation_tokens_per_s = serializers.FloatField(allow_null=True)
+    requests_per_s = serializers.FloatField(allow_null=True)
+    errors_per_s = serializers.FloatField(allow_null=True)
+    ttft_p50 = serializers.FloatField(allow_null=True)
+    ttft_p99 = serializers.FloatField(allow_null=True)
+    e2e_p50 = serializers.FloatField(allow_null=True)
+    e2e_p99 = serializers.FloatField(allow_null=True)
+    kv_cache_usage = serializers.FloatField(allow_null=True)
+    prefix_cache_hit_rate = serializers.FloatField(allow_null=True)
+    sources_up = serializers.IntegerField()
+    sources_down = serializers.IntegerField()
+
+
+class MetricSourceOut(serializers.Serializer):
+    instance = serializers.CharField()
+    version = serializers.IntegerField()
+    url = serializers.CharField()
+    up = serializers.BooleanField()
+    error = serializers.CharField()
+    last_scraped_at = serializers.DateTimeField(allow_null=True)
+
+
+class ChartLineOut(serializers.Serializer):
+    field = serializers.CharField(help_text="The point field this line plots.")
+    label = serializers.CharField()  # type: ignore[assignment]  # a field named like Field.label
+
+
+class ChartOut(serializers.Serializer):
+    key = serializers.CharField()
+    title = serializers.CharField()
+    unit = serializers.CharField()
+    lines = serializers.SerializerMethodField()
+
+    @extend_schema_field(ChartLineOut(many=True))
+    def get_lines(self, chart: Any) -> list[dict[str, str]]:
+        return [{"field": name, "label": label} for name, label in chart.lines]
+
+
+class MetricsOut(serializers.Serializer):
+    points = MetricPointOut(many=True)
+    sources = MetricSourceOut(many=True)
+    charts = ChartOut(many=True)

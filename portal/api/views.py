@@ -6,9 +6,11 @@ A body field that names another team's object reads as unknown (400), like a mis
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -24,6 +26,7 @@ from portal.core.actors import Actor
 from portal.core.transitions import Action
 from portal.deployments import services as deployment_services
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services
 from portal.registry.models import Model, ModelVersion, PlatformRelease
 
@@ -69,6 +72,19 @@ class ScopedViewSet(viewsets.GenericViewSet):
         return Response(
             serializer_class(obj, context=self.get_serializer_context()).data, status=status_code
         )
+
+    def metrics_answer(self, deployments: list[Deployment]) -> Response:
+        """The deployments' merged points over the last ``?minutes=``, their sources and the
+        charts' descriptions."""
+        query = s.MetricsQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        since = timezone.now() - timedelta(minutes=query.validated_data["minutes"])
+        body = {
+            "points": metrics_services.series(deployments, since),
+            "sources": [src for d in deployments for src in metrics_services.source_status(d)],
+            "charts": metrics_services.CHARTS,
+        }
+        return Response(s.MetricsOut(body).data)
 
 
 class TeamViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
@@ -120,6 +136,12 @@ class ModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMix
         data = self.valid_input(s.ModelUpdateIn, partial=True)
         registry_services.update_model(model, description=data.get("description"))
         return self.answer(s.ModelOut, model)
+
+    @extend_schema(parameters=[s.MetricsQuery], responses=s.MetricsOut)
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """Serving metrics of all the model's deployments merged, one point per scrape pass."""
+        return self.metrics_answer(list(self.get_object().deployments.all()))
 
     def _team_for_create(self, slug: str | None) -> Team:
         if slug is None:
@@ -252,6 +274,12 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS if k in data},
         )
         return self.answer(s.DeploymentOut, deployment)
+
+    @extend_schema(parameters=[s.MetricsQuery], responses=s.MetricsOut)
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """Serving metrics of the deployment's instances, one point per scrape pass."""
+        return self.metrics_answer([self.get_object()])
 
     def _act(self, request, pk, what: Action) -> Response:
         deployment = self.get_object()

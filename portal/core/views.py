@@ -1,5 +1,4 @@
 from django.http import JsonResponse
-from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 
 from portal.core import health
@@ -23,7 +22,3 @@ def livez(request):
         {"status": "ok" if check.ok else "unhealthy", "database": check.detail},
         status=200 if check.ok else 503,
     )
-
-
-def home(request):
-    return render(request, "home.html")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot, parse_exposition
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
@@ -30,22 +29,21 @@ class RequestCounts:
         return [self.success, self.failure]
 
 
+def _counts(snapshot: Snapshot) -> RequestCounts:
+    return RequestCounts(snapshot.request_success, snapshot.request_failure)
+
+
 def parse_counts(text: str) -> RequestCounts:
-    """Sum Triton's ``nv_inference_request_success``/``_failure`` over models and reasons."""
-    sums = {"nv_inference_request_success": 0.0, "nv_inference_request_failure": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name in sums:
-                sums[name] += sample.value
-    return RequestCounts(sums["nv_inference_request_success"], sums["nv_inference_request_failure"])
+    """Sum Triton's ``nv_inference_request_success``/``_failure`` over models and reasons.
+
+    Read with the metrics pages' parser, so a rollout is judged by the same numbers its charts
+    show. Raises ``ValueError`` when the text is not an exposition."""
+    return _counts(parse_exposition(text))
 
 
 def scrape_counts(metrics_url: str) -> RequestCounts | None:
     """The instance's counts, or None when its ``/metrics`` cannot be read or parsed."""
     try:
-        answer = httpx.get(metrics_url, timeout=SCRAPE_TIMEOUT_SECONDS)
-        answer.raise_for_status()
-        return parse_counts(answer.text)
-    except (httpx.HTTPError, ValueError):
+        return _counts(fetch_snapshot(metrics_url, timeout=SCRAPE_TIMEOUT_SECONDS))
+    except ScrapeError:
         return None

@@ -1,5 +1,6 @@
 """Create the embedded default's demo data: a team, an admin who belongs to it, an API token,
-and the demo model deployed Red-Black on one local CPU instance.
+and the demo model's weights made locally; with ``--deploy``, the demo model registered as
+``<team>/tiny`` and deployed Red-Black on one local CPU instance (what ``./dev demo`` does).
 
 Safe to run again: existing rows are kept; a fresh token is issued only when asked or when the
 demo team has none that is still active; the demo model is registered and deployed only once.
@@ -8,6 +9,7 @@ demo team has none that is still active; the demo model is registered and deploy
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
@@ -28,34 +30,52 @@ class Command(BaseCommand):
             "--new-token", action="store_true", help="Issue a new token even if one exists."
         )
         parser.add_argument(
-            "--no-demo-model",
-            action="store_true",
-            help="Do not register and deploy the demo model.",
+            "--no-demo-model", action="store_true", help="Do not make the demo model's weights."
+        )
+        parser.add_argument(
+            "--deploy", action="store_true", help="Register and deploy the demo model too."
         )
 
-    def handle(self, *args, no_demo_model: bool = False, **options):
+    def handle(self, *args, no_demo_model: bool = False, deploy: bool = False, **options):
         demo = self._accounts(**options)
-        if not no_demo_model:
-            self._demo_deployment(demo)
+        if no_demo_model:
+            return
+        source = self._demo_weights()
+        if deploy:
+            self._demo_deployment(demo, source)
+        else:
+            self.stdout.write(
+                f"  Model:  demo weights to register at file://{source}  (task chat, backend vLLM)"
+            )
 
-    def _demo_deployment(self, demo: Team) -> None:
-        """The demo model (random weights, made locally) as version 1 of ``<team>/tiny``,
-        deployed Red-Black: the worker copies and packages it, the controller starts it."""
+    def _demo_weights(self) -> Path:
+        """The demo model (random weights, made locally, so no download) under the first
+        allowed artifact root, where the register form accepts it."""
         from django.conf import settings
 
+        from portal.deployments.models import InstanceType
+        from serving.demo_model import make_demo_model
+
+        InstanceType.objects.get_or_create(
+            name="cpu-local", defaults={"description": "A local CPU process (the demo default)."}
+        )
+        source = settings.ARTIFACT_FILE_ROOTS[0] / "demo-tiny"
+        if not (source / "config.json").exists():
+            make_demo_model(source)
+        return source
+
+    def _demo_deployment(self, demo: Team, source: Path) -> None:
+        """The demo model as version 1 of ``<team>/tiny``, deployed Red-Black: the worker copies
+        and packages it, the controller starts it."""
         from portal.core.actors import Actor
         from portal.deployments.models import Deployment, InstanceType
         from portal.deployments.routing import endpoint_url
         from portal.deployments.services import create_deployment
         from portal.registry.models import Model
         from portal.registry.services import create_model, register_version
-        from serving.demo_model import make_demo_model
 
         deployment = Deployment.objects.filter(model__team=demo, model__slug="tiny").first()
         if deployment is None:
-            source = settings.ARTIFACT_FILE_ROOTS[0] / "demo-tiny"
-            if not (source / "config.json").exists():
-                make_demo_model(source)
             model = Model.objects.filter(team=demo, slug="tiny").first() or create_model(
                 team=demo, slug="tiny", task="chat", description="Random weights: fluent nonsense."
             )

@@ -1,0 +1,329 @@
+"""Scraping live instances into per-deployment points, and reading them back for charts.
+
+One scrape pass reads every live instance once, in parallel, and writes one point per
+deployment, all stamped with the pass's start so that the points of several deployments line
+up when a model's page merges them. A source that fails is recorded as down with its reason
+and keeps its last good reading; one bad instance never stops the pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from portal.deployments.models import LIVE_STATES, Deployment, Instance, InstanceState
+from portal.metrics import buckets as bk
+from portal.metrics.models import MetricPoint, MetricSource
+from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot
+
+logger = logging.getLogger(__name__)
+
+#: Instance states in which an instance has (or is about to have) a ``/metrics`` worth reading.
+SCRAPED_STATES = (
+    InstanceState.STARTING,
+    InstanceState.READY,
+    InstanceState.UNHEALTHY,
+    InstanceState.DRAINING,
+)
+MAX_PARALLEL_SCRAPES = 8
+
+RATE_FIELDS = ("prompt_tokens_per_s", "generation_tokens_per_s", "requests_per_s", "errors_per_s")
+QUANTILES = {
+    "ttft_p50": ("ttft", 0.5),
+    "ttft_p99": ("ttft", 0.99),
+    "e2e_p50": ("e2e", 0.5),
+    "e2e_p99": ("e2e", 0.99),
+}
+#: Every value a point (and a merged series entry) carries besides ``at``.
+VALUE_FIELDS = (*RATE_FIELDS, *QUANTILES, "kv_cache_usage", "prefix_cache_hit_rate")
+COUNT_FIELDS = ("sources_up", "sources_down")
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart the pages draw: which point fields it plots, under which labels."""
+
+    key: str
+    title: str
+    unit: str
+    lines: tuple[tuple[str, str], ...]
+
+
+CHARTS: tuple[Chart, ...] = (
+    Chart(
+        "tokens",
+        "Tokens",
+        "tokens/s",
+        (("prompt_tokens_per_s", "prompt"), ("generation_tokens_per_s", "generation")),
+    ),
+    Chart(
+        "requests",
+        "Requests",
+        "req/s",
+        (("requests_per_s", "requests"), ("errors_per_s", "errors")),
+    ),
+    Chart("ttft", "Time to first token", "s", (("ttft_p50", "p50"), ("ttft_p99", "p99"))),
+    Chart("e2e", "End-to-end latency", "s", (("e2e_p50", "p50"), ("e2e_p99", "p99"))),
+    Chart("kv_cache", "KV-cache usage", "fraction", (("kv_cache_usage", "usage"),)),
+    Chart(
+        "prefix_cache",
+        "Prefix-cache hit rate",
+        "fraction",
+        (("prefix_cache_hit_rate", "hit rate"),),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    instance: str
+    version: int
+    url: str
+    up: bool
+    error: str
+    last_scraped_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ScrapeReport:
+    at: datetime
+    scraped: int
+    up: int
+    down: int
+    points: int
+    points_pruned: int
+    sources_pruned: int
+    errors: dict[str, str] = field(default_factory=dict)  # instance name → reason
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+# --- scraping ----------------------------------------------------------------------------------
+
+
+def _read(url: str, timeout: float) -> Snapshot | str:
+    """A reading, or why there is none. Anything unexpected is a reason too: the pass goes on."""
+    try:
+        return fetch_snapshot(url, timeout=timeout)
+    except ScrapeError as exc:
+        return str(exc)
+    except Exception as exc:
+        logger.exception("scraping %s failed unexpectedly", url)
+        return f"scraping {url} failed: {type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Interval:
+    """A deployment's instances over one pass: readings' deltas and per-second rates."""
+
+    up: int = 0
+    down: int = 0
+    rates: dict[str, float] = field(default_factory=dict)
+    has_rates: bool = False
+    ttft: list[bk.Buckets] = field(default_factory=list)
+    e2e: list[bk.Buckets] = field(default_factory=list)
+    usages: list[float] = field(default_factory=list)
+    queries: float = 0.0
+    hits: float = 0.0
+
+    def add_up(self, now: Snapshot, delta: Snapshot | None, seconds: float) -> None:
+        self.up += 1
+        if now.kv_cache_usage is not None:
+            self.usages.append(now.kv_cache_usage)
+        if delta is None or seconds <= 0:
+            return
+        # Per instance over its own interval: an instance whose last good reading is older
+        # (it was down for a pass) is averaged over that longer gap.
+        per_second = {
+            "prompt_tokens_per_s": delta.prompt_tokens,
+            "generation_tokens_per_s": delta.generation_tokens,
+            "requests_per_s": delta.requests,
+            "errors_per_s": delta.request_failure,
+        }
+        for name, amount in per_second.items():
+            self.rates[name] = self.rates.get(name, 0.0) + amount / seconds
+        self.has_rates = True
+        self.ttft.append(dict(delta.ttft.buckets))
+        self.e2e.append(dict(delta.e2e.buckets))
+        self.queries += delta.prefix_cache_queries
+        self.hits += delta.prefix_cache_hits
+
+    def point(self, deployment_id: int, at: datetime) -> MetricPoint:
+        ttft, e2e = bk.merge(self.ttft), bk.merge(self.e2e)
+        values: dict[str, Any] = dict.fromkeys(VALUE_FIELDS)
+        if self.has_rates:
+            values.update(self.rates)
+            values.update(_quantiles({"ttft": ttft, "e2e": e2e}))
+            values["prefix_cache_hit_rate"] = self.hits / self.queries if self.queries > 0 else None
+        if self.usages:
+            values["kv_cache_usage"] = sum(self.usages) / len(self.usages)
+        return MetricPoint(
+            deployment_id=deployment_id,
+            at=at,
+            sources_up=self.up,
+            sources_down=self.down,
+            ttft_buckets=bk.to_json(ttft),
+            e2e_buckets=bk.to_json(e2e),
+            **values,
+        )
+
+
+def _quantiles(histograms: dict[str, bk.Buckets]) -> dict[str, float | None]:
+    return {name: bk.quantile(histograms[h], q) for name, (h, q) in QUANTILES.items()}
+
+
+def _targets() -> list[tuple[Instance, str]]:
+    instances = (
+        Instance.objects.filter(
+            deployment__observed_state__in=LIVE_STATES, state__in=SCRAPED_STATES
+        )
+        .select_related("metric_source")
+        .order_by("pk")
+    )
+    return [(i, url) for i in instances if (url := (i.endpoints or {}).get("metrics"))]
+
+
+def _source_of(instance: Instance) -> MetricSource | None:
+    try:
+        return instance.metric_source
+    except MetricSource.DoesNotExist:
+        return None
+
+
+def scrape_live_instances(now: datetime | None = None) -> ScrapeReport:
+    """One pass: read every live instance's ``/metrics``, record each source's state, write a
+    point per deployment, and drop what is older than the retention."""
+    at = now or timezone.now()
+    timeout = _setting("METRICS_SCRAPE_TIMEOUT_SECONDS", 2.0)
+    targets = _targets()
+    readings: list[Snapshot | str] = []
+    if targets:
+        workers = min(MAX_PARALLEL_SCRAPES, len(targets))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scrape") as pool:
+            readings = list(pool.map(lambda target: _read(target[1], timeout), targets))
+
+    intervals: dict[int, _Interval] = defaultdict(_Interval)
+    errors: dict[str, str] = {}
+    with transaction.atomic():
+        for (instance, url), reading in zip(targets, readings, strict=True):
+            interval = intervals[instance.deployment_id]
+            source = _source_of(instance) or MetricSource(instance=instance)
+            source.url, source.last_scraped_at = url, at
+            if isinstance(reading, str):
+                source.up, source.error = False, reading
+                interval.down += 1
+                errors[instance.name] = reading
+            else:
+                delta, seconds = None, 0.0
+                if source.snapshot is not None and source.snapshot_at is not None:
+                    delta = reading.since(Snapshot.from_json(source.snapshot))
+                    seconds = (at - source.snapshot_at).total_seconds()
+                interval.add_up(reading, delta, seconds)
+                source.up, source.error, source.last_ok_at = True, "", at
+                source.snapshot, source.snapshot_at = reading.to_json(), at
+            source.save()
+        points = [interval.point(d, at) for d, interval in sorted(intervals.items())]
+        MetricPoint.objects.bulk_create(points)
+        pruned, sources_pruned = _prune(at)
+    down = len(errors)
+    return ScrapeReport(
+        at=at,
+        scraped=len(targets),
+        up=len(targets) - down,
+        down=down,
+        points=len(points),
+        points_pruned=pruned,
+        sources_pruned=sources_pruned,
+        errors=errors,
+    )
+
+
+def _prune(at: datetime) -> tuple[int, int]:
+    retention = timedelta(seconds=_setting("METRICS_RETENTION_SECONDS", 24 * 3600))
+    points, _ = MetricPoint.objects.filter(at__lt=at - retention).delete()
+    sources, _ = MetricSource.objects.filter(
+        instance__state__in=(InstanceState.STOPPED, InstanceState.FAILED)
+    ).delete()
+    return points, sources
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _merge(points: Sequence[MetricPoint]) -> dict[str, Any]:
+    """Several deployments' points of one pass as one: rates add up, usage is a mean, the hit
+    rate a request-weighted mean, and quantiles come from the summed bucket deltas."""
+    merged: dict[str, Any] = {"at": points[0].at}
+    for name in RATE_FIELDS:
+        values = [getattr(p, name) for p in points if getattr(p, name) is not None]
+        merged[name] = sum(values) if values else None
+    histograms = {
+        "ttft": bk.merge(bk.from_json(p.ttft_buckets) for p in points),
+        "e2e": bk.merge(bk.from_json(p.e2e_buckets) for p in points),
+    }
+    merged.update(_quantiles(histograms))
+    usages = [p.kv_cache_usage for p in points if p.kv_cache_usage is not None]
+    merged["kv_cache_usage"] = sum(usages) / len(usages) if usages else None
+    merged["prefix_cache_hit_rate"] = _weighted_hit_rate(points)
+    for name in COUNT_FIELDS:
+        merged[name] = sum(getattr(p, name) for p in points)
+    return merged
+
+
+def _weighted_hit_rate(points: Sequence[MetricPoint]) -> float | None:
+    rated = [p for p in points if p.prefix_cache_hit_rate is not None]
+    if not rated:
+        return None
+    weights = [p.requests_per_s or 0.0 for p in rated]
+    if sum(weights) <= 0:
+        return sum(p.prefix_cache_hit_rate or 0.0 for p in rated) / len(rated)
+    return sum(
+        (p.prefix_cache_hit_rate or 0.0) * w for p, w in zip(rated, weights, strict=True)
+    ) / sum(weights)
+
+
+def series(deployments: Iterable[Deployment | int], since: datetime) -> list[dict[str, Any]]:
+    """The points of ``deployments`` since ``since``, one entry per scrape pass, oldest first:
+    ``{"at": datetime, "<field>": float | None, ..., "sources_up": int, "sources_down": int}``."""
+    ids = [d if isinstance(d, int) else d.pk for d in deployments]
+    if not ids:
+        return []
+    by_at: dict[datetime, list[MetricPoint]] = defaultdict(list)
+    for point in MetricPoint.objects.filter(deployment_id__in=ids, at__gte=since).order_by(
+        "at", "id"
+    ):
+        by_at[point.at].append(point)
+    return [_merge(by_at[at]) for at in sorted(by_at)]
+
+
+def source_status(deployment: Deployment) -> list[SourceStatus]:
+    """The state of each of the deployment's scraped instances' ``/metrics``."""
+    sources = (
+        MetricSource.objects.filter(
+            instance__deployment=deployment, instance__state__in=SCRAPED_STATES
+        )
+        .select_related("instance__version")
+        .order_by("instance__name")
+    )
+    return [
+        SourceStatus(
+            instance=s.instance.name,
+            version=s.instance.version.number,
+            url=s.url,
+            up=s.up,
+            error=s.error,
+            last_scraped_at=s.last_scraped_at,
+        )
+        for s in sources
+    ]

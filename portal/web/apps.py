@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class WebConfig(AppConfig):
+    name = "portal.web"
+    label = "web"
+    verbose_name = "Web portal"

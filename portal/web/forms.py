@@ -1,0 +1,195 @@
+"""The portal's forms. They only parse what people type; every rule about what is valid lives in
+the services the API also calls, whose errors :func:`show_service_errors` puts next to the
+field they are about."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from portal.accounts.models import Role
+from portal.core.errors import ApplicationError
+from portal.deployments.models import InstanceType, Strategy
+from portal.deployments.services import MAX_BAKE_SECONDS, MAX_REPLICAS
+from portal.registry.models import ApiSurface, Backend, ModelVersion, TaskKind, VersionState
+
+#: An uploaded model.py larger than this is refused before it is read.
+MAX_MODEL_PY_BYTES = 1024 * 1024
+
+
+def show_service_errors(form: forms.Form, exc: Exception) -> None:
+    """Attach a service's refusal to the form: by field where it names one of the form's fields,
+    otherwise at the top of the form."""
+    if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
+        for field, messages in exc.message_dict.items():
+            form.add_error(field if field in form.fields else None, messages)
+    elif isinstance(exc, ValidationError):
+        form.add_error(None, exc.messages)
+    elif isinstance(exc, ApplicationError):
+        form.add_error(None, exc.message)
+    else:
+        raise exc
+
+
+class JSONField(forms.CharField):
+    """A JSON text box whose parse error says where the JSON is broken."""
+
+    def __init__(self, *, expect: type, **kwargs: Any) -> None:
+        self.expect = expect
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}))
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+    def to_python(self, value: Any) -> Any:
+        text = (super().to_python(value) or "").strip()
+        if not text:
+            return self.expect()
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(
+                f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+            ) from exc
+        if not isinstance(parsed, self.expect):
+            raise ValidationError(f"Must be a JSON {'object' if self.expect is dict else 'list'}.")
+        return parsed
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict | list):
+            return json.dumps(value, indent=2) if value else ""
+        return value
+
+
+class ModelForm(forms.Form):
+    slug = forms.SlugField(
+        max_length=63,
+        label="Name",
+        help_text="Letters, digits, - and _; part of the model's endpoint, e.g. support-bot.",
+    )
+    task = forms.ChoiceField(choices=TaskKind.choices, initial=TaskKind.CHAT)
+    description = forms.CharField(
+        required=False, max_length=5000, widget=forms.Textarea(attrs={"rows": 2})
+    )
+
+
+class VersionForm(forms.Form):
+    artifact_uri = forms.CharField(
+        max_length=1024,
+        label="Artifact source",
+        help_text="Where the weights are: s3://bucket/prefix, hf://org/repo[@revision], or "
+        "file:///path under an allowed root.",
+    )
+    backend = forms.ChoiceField(
+        choices=Backend.choices, initial=Backend.VLLM, widget=forms.RadioSelect
+    )
+    engine_args = JSONField(
+        expect=dict,
+        label="Engine arguments (vLLM)",
+        help_text='A JSON object of vLLM engine arguments, e.g. {"max_model_len": 4096}. '
+        "The platform release fixes the vLLM version and image.",
+    )
+    api_surface = forms.ChoiceField(
+        choices=ApiSurface.choices,
+        initial=ApiSurface.OPENAI_GRPC,
+        widget=forms.RadioSelect,
+        label="API surface",
+    )
+    constraint_plugins = forms.MultipleChoiceField(
+        choices=[],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Logits processors loaded into the engine (constrained decoding).",
+    )
+    io_spec = JSONField(
+        expect=dict,
+        label="I/O spec (Python backend)",
+        help_text='{"inputs": [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]}], '
+        '"outputs": [...]}',
+    )
+    python_model = forms.FileField(
+        required=False,
+        label="model.py (Python backend)",
+        help_text="Your Triton model.py; leave empty to use the one in the artifact.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(forms.MultipleChoiceField, self.fields["constraint_plugins"]).choices = [
+            (name, name) for name in settings.CONSTRAINT_PLUGINS
+        ]
+
+    def clean_python_model(self) -> str:
+        upload = self.cleaned_data.get("python_model")
+        if not upload:
+            return ""
+        if upload.size > MAX_MODEL_PY_BYTES:
+            raise ValidationError(f"model.py is over {MAX_MODEL_PY_BYTES // 1024} KiB.")
+        try:
+            return upload.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError("model.py must be UTF-8 text.") from exc
+
+
+def _parse_stages(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(",", " ").split()]
+    except ValueError as exc:
+        raise ValidationError("Write whole percentages separated by commas: 10, 50, 100.") from exc
+
+
+class DeployForm(forms.Form):
+    version = forms.ModelChoiceField(queryset=ModelVersion.objects.none(), empty_label=None)
+    strategy = forms.ChoiceField(
+        choices=Strategy.choices, initial=Strategy.RED_BLACK, widget=forms.RadioSelect
+    )
+    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, initial=1)
+    instance_type = forms.ModelChoiceField(
+        queryset=InstanceType.objects.filter(is_active=True), empty_label=None
+    )
+    stages = forms.CharField(
+        initial="10, 50, 100",
+        help_text="Traffic percent on the new version after each stage, ending at 100.",
+    )
+    bake_seconds = forms.IntegerField(
+        min_value=0,
+        max_value=MAX_BAKE_SECONDS,
+        initial=60,
+        label="Bake time (seconds)",
+        help_text="How long each stage is watched before the next.",
+    )
+    health_deadline_seconds = forms.IntegerField(
+        min_value=1, initial=600, label="Health deadline (seconds)"
+    )
+    max_error_rate = forms.FloatField(
+        min_value=0, max_value=1, initial=0.05, label="Roll back above this error rate"
+    )
+    allow_io_change = forms.BooleanField(
+        required=False,
+        label="Roll out Red-Black even though the interface changed",
+        help_text="Only if every caller copes with both the old and the new interface.",
+    )
+
+    def __init__(self, *args: Any, model: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        version = cast(forms.ModelChoiceField, self.fields["version"])
+        version.queryset = model.versions.exclude(state=VersionState.FAILED)
+        version.label_from_instance = lambda v: f"v{v.number} ({v.state})"  # type: ignore[method-assign,assignment]
+
+    def clean_stages(self) -> list[int]:
+        return _parse_stages(self.cleaned_data["stages"])
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What uses it, e.g. ci-main.")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    expires_in_days = forms.IntegerField(
+        min_value=1,
+        max_value=3650,
+        required=False,
+        label="Expires in (days)",
+        help_text="Empty: never expires (revoke it when done).",
+    )

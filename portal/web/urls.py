@@ -1,0 +1,44 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from portal.web.views import deployments, registry, tokens
+
+app_name = "web"
+
+team = "t/<slug:team>/"
+model = team + "models/<slug:model>/"
+
+urlpatterns = [
+    path("", registry.home, name="home"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(
+            template_name="web/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(team, registry.dashboard, name="dashboard"),
+    path(team + "models/new/", registry.model_new, name="model_new"),
+    path(model, registry.model_detail, name="model_detail"),
+    path(model + "metrics/", deployments.model_metrics, name="model_metrics"),
+    path(model + "versions/new/", registry.version_new, name="version_new"),
+    path(model + "v<int:number>/", registry.version_detail, name="version_detail"),
+    path(model + "v<int:number>/live/", registry.version_live, name="version_live"),
+    path(model + "v<int:number>/retry/", registry.version_retry, name="version_retry"),
+    path(model + "deploy/", deployments.deploy, name="deploy"),
+    path(team + "deployments/<int:pk>/", deployments.deployment_detail, name="deployment_detail"),
+    path(team + "deployments/<int:pk>/live/", deployments.deployment_live, name="deployment_live"),
+    path(
+        team + "deployments/<int:pk>/metrics/",
+        deployments.deployment_metrics,
+        name="deployment_metrics",
+    ),
+    path(
+        team + "deployments/<int:pk>/<str:action>/",
+        deployments.deployment_act,
+        name="deployment_act",
+    ),
+    path(team + "tokens/", tokens.tokens, name="tokens"),
+    path(team + "tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
+]

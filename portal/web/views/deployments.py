@@ -1,0 +1,238 @@
+"""Deploying, the live deployment page, its actions, and the metrics charts."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.db.models import Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from portal.core.actors import Actor
+from portal.core.errors import ApplicationError
+from portal.core.transitions import Action
+from portal.deployments import services as deployment_services
+from portal.deployments.models import LIVE_STATES, Deployment, Strategy
+from portal.deployments.routing import endpoint_url
+from portal.metrics import services as metrics
+from portal.registry.models import VersionState
+from portal.registry.packaging import triton_model_name
+from portal.web import charts, summaries
+from portal.web.forms import DeployForm, show_service_errors
+from portal.web.teams import TeamContext, team_context
+from portal.web.views.registry import get_model, require_write
+
+#: The charts cover this much time.
+CHART_WINDOW = timedelta(hours=1)
+
+
+def _live_red_black(model) -> Deployment | None:
+    return model.deployments.filter(
+        strategy=Strategy.RED_BLACK, observed_state__in=LIVE_STATES
+    ).first()
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    obj = get_model(ctx, model)
+    if not obj.versions.exists():
+        messages.info(request, "Register a version before deploying.")
+        return redirect("web:version_new", team=team, model=model)
+    serving = _live_red_black(obj)
+    initial: dict[str, Any] = {"version": obj.versions.first()}
+    if serving is not None:  # a rollout keeps the deployment's shape unless changed here
+        initial.update(
+            replicas=serving.replicas,
+            instance_type=serving.instance_type,
+            stages=", ".join(str(s) for s in serving.stages),
+            bake_seconds=serving.bake_seconds,
+            health_deadline_seconds=serving.health_deadline_seconds,
+            max_error_rate=serving.max_error_rate,
+        )
+    if "version" in request.GET:
+        initial["version"] = obj.versions.filter(number=request.GET["version"]).first()
+    form = DeployForm(request.POST or None, model=obj, initial=initial)
+    chosen = form.data.get("version") or getattr(initial["version"], "pk", None)
+    version = obj.versions.exclude(state=VersionState.FAILED).filter(pk=chosen or 0).first()
+    advice = deployment_services.advise_strategy(obj, version) if version else None
+    if request.method == "POST" and form.is_valid():
+        deployment = _deploy(request, ctx, obj, serving, form)
+        if deployment is not None:
+            return redirect("web:deployment_detail", team=team, pk=deployment.pk)
+    return render(
+        request,
+        "web/deploy.html",
+        {"ctx": ctx, "model": obj, "form": form, "advice": advice, "serving": serving},
+    )
+
+
+def _deploy(request, ctx: TeamContext, model, serving, form: DeployForm) -> Deployment | None:
+    data = dict(form.cleaned_data)
+    actor = Actor.for_request(request.user)
+    try:
+        if data["strategy"] == Strategy.RED_BLACK and serving is not None:
+            return deployment_services.update_deployment(
+                serving,
+                actor=actor,
+                version=data["version"],
+                replicas=data["replicas"],
+                allow_io_change=data["allow_io_change"],
+                **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS},
+            )
+        return deployment_services.create_deployment(model=model, actor=actor, **data)
+    except (ValidationError, ApplicationError) as exc:
+        show_service_errors(form, exc)
+        return None
+
+
+def _deployment(ctx: TeamContext, pk: int) -> Deployment:
+    return get_object_or_404(
+        Deployment.objects.select_related(
+            "model__team", "target_version", "previous_version", "instance_type"
+        ),
+        model__team=ctx.team,
+        pk=pk,
+    )
+
+
+def _live_context(deployment: Deployment, seen: int | None, seen_state: str | None) -> dict:
+    """What the live part of the deployment page shows; ``seen`` is the newest event id the
+    browser already showed, so what arrived since is marked."""
+    instances = list(
+        deployment.instances.filter(state__in=summaries.SHOWN_INSTANCE_STATES).select_related(
+            "version"
+        )
+    )
+    events = list(deployment.events.order_by("-created_at", "-id")[:50])
+    fresh = [e.pk for e in events if seen is not None and e.pk > seen]
+    return {
+        "tag": _tag(deployment, instances, events),
+        "deployment": deployment,
+        "instances": instances,
+        "events": events,
+        "fresh": fresh,
+        "newest_event": events[0].pk if events else 0,
+        "state_changed": seen_state is not None and seen_state != deployment.observed_state,
+        "health": summaries.health_of(deployment, instances),
+        "traffic": summaries.traffic_split(deployment),
+        "stage": summaries.stage_label(deployment),
+        "actions": summaries.available_actions(deployment),
+    }
+
+
+def _tag(deployment: Deployment, instances: list, events: list) -> str:
+    """Changes whenever anything the live part shows changes (a poll that finds the same tag
+    is answered 204, so the browser keeps the page, its focus and its highlights)."""
+    parts = [deployment.updated_at.isoformat(), str(events[0].pk if events else 0)]
+    parts += [f"{i.pk}:{i.state}:{i.health_message}" for i in instances]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+@login_required
+def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    deployment = _deployment(ctx, pk)
+    return render(
+        request,
+        "web/deployment_detail.html",
+        {
+            "ctx": ctx,
+            "model": deployment.model,
+            "endpoint": endpoint_url(deployment),
+            "served_model_name": triton_model_name(deployment.target_version),
+            **_live_context(deployment, None, None),
+        },
+    )
+
+
+@login_required
+def deployment_live(request: HttpRequest, team: str, pk: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    deployment = _deployment(ctx, pk)
+    seen = request.GET.get("seen", "")
+    context = _live_context(
+        deployment, int(seen) if seen.isdigit() else None, request.GET.get("state")
+    )
+    if request.GET.get("tag") == context["tag"]:
+        return HttpResponse(status=204)
+    return render(
+        request,
+        "web/_deployment_live.html",
+        {"ctx": ctx, **context},
+    )
+
+
+@login_required
+@require_http_methods(["POST"])
+def deployment_act(request: HttpRequest, team: str, pk: int, action: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    deployment = _deployment(ctx, pk)
+    try:
+        what = Action(action)
+    except ValueError as exc:
+        raise Http404("No such action.") from exc
+    try:
+        deployment_services.act(
+            deployment,
+            what,
+            actor=Actor.for_request(request.user),
+            reason=request.POST.get("reason", "")[:500],
+        )
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{what.capitalize()} requested; the controller acts on it.")
+    return redirect("web:deployment_detail", team=team, pk=pk)
+
+
+def _charts_context(deployments: list[Deployment]) -> dict:
+    until = timezone.now()
+    since = until - CHART_WINDOW
+    points = metrics.series(deployments, since)
+    sources = [s for d in deployments for s in metrics.source_status(d)]
+    return {
+        "charts": [charts.build(spec, points, since, until) for spec in metrics.CHARTS],
+        "has_points": bool(points),
+        "sources": sources,
+        "sources_down": [s for s in sources if not s.up],
+        "live": any(d.observed_state in LIVE_STATES for d in deployments),
+    }
+
+
+@login_required
+def deployment_metrics(request: HttpRequest, team: str, pk: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    deployment = _deployment(ctx, pk)
+    return render(
+        request,
+        "web/_metrics.html",
+        {"ctx": ctx, "scope": "deployment", **_charts_context([deployment])},
+    )
+
+
+@login_required
+def model_metrics(request: HttpRequest, team: str, model: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    obj = get_model(ctx, model)
+    since = timezone.now() - CHART_WINDOW
+    deployments = list(
+        obj.deployments.filter(
+            Q(observed_state__in=LIVE_STATES) | Q(metric_points__at__gte=since)
+        ).distinct()
+    )
+    return render(
+        request,
+        "web/_metrics.html",
+        {"ctx": ctx, "scope": "model", **_charts_context(deployments)},
+    )

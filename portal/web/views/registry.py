@@ -1,0 +1,196 @@
+"""Dashboard, models and versions. Thin: the services do the work and say what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from portal.core.actors import Actor
+from portal.core.errors import ApplicationError
+from portal.deployments.models import LIVE_STATES
+from portal.registry import services as registry_services
+from portal.registry.models import Backend, Model, ModelVersion
+from portal.registry.packaging import PackagingError, repository_files
+from portal.web import summaries
+from portal.web.forms import ModelForm, VersionForm, show_service_errors
+from portal.web.teams import TeamContext, remembered_team, team_context
+
+#: The backend advice shown beside the choice (from the product brief).
+BACKEND_ADVICE = {
+    Backend.VLLM: "Most LLMs: a Hugging Face model served by vLLM with continuous batching, "
+    "the OpenAI API and constrained decoding. Needs only the weights and engine arguments.",
+    Backend.PYTHON: "Anything vLLM does not run (rankers, classifiers, custom pre- or "
+    "post-processing): your own Triton model.py with a declared tensor I/O spec.",
+}
+
+
+def require_write(ctx: TeamContext) -> None:
+    if not ctx.can_write:
+        raise PermissionDenied("Your role in this team is read only.")
+
+
+def get_model(ctx: TeamContext, slug: str) -> Model:
+    return get_object_or_404(Model, team=ctx.team, slug=slug)
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    team = remembered_team(request)
+    if team is None:
+        return render(request, "web/no_team.html")
+    return redirect("web:dashboard", team=team.slug)
+
+
+@login_required
+def dashboard(request: HttpRequest, team: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    rows = summaries.model_rows(Model.objects.filter(team=ctx.team))
+    return render(request, "web/dashboard.html", {"ctx": ctx, "rows": rows})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def model_new(request: HttpRequest, team: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    form = ModelForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            model = registry_services.create_model(
+                team=ctx.team, created_by=request.user, **form.cleaned_data
+            )
+        except (ValidationError, ApplicationError) as exc:
+            show_service_errors(form, exc)
+        else:
+            return redirect("web:version_new", team=team, model=model.slug)
+    return render(request, "web/model_new.html", {"ctx": ctx, "form": form})
+
+
+@login_required
+def model_detail(request: HttpRequest, team: str, model: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    obj = get_model(ctx, model)
+    deployments = obj.deployments.select_related("target_version").order_by("-created_at")
+    live = [d for d in deployments if d.observed_state in LIVE_STATES]
+    return render(
+        request,
+        "web/model_detail.html",
+        {
+            "ctx": ctx,
+            "model": obj,
+            "versions": obj.versions.select_related("materialization"),
+            "live": live,
+            "past": [d for d in deployments if d.observed_state not in LIVE_STATES][:10],
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def version_new(request: HttpRequest, team: str, model: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    obj = get_model(ctx, model)
+    latest = obj.versions.first()
+    initial = {}
+    if latest is not None:  # a new version usually changes little: start from the last one
+        initial = {
+            "artifact_uri": latest.artifact_uri,
+            "backend": latest.backend,
+            "engine_args": latest.engine_args,
+            "api_surface": latest.api_surface,
+            "constraint_plugins": latest.constraint_plugins,
+            "io_spec": latest.io_spec,
+        }
+    form = VersionForm(request.POST or None, request.FILES or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        if data["backend"] == Backend.VLLM:
+            data["io_spec"], data["python_model"] = {}, ""
+        try:
+            version = registry_services.register_version(model=obj, created_by=request.user, **data)
+        except (ValidationError, ApplicationError) as exc:
+            show_service_errors(form, exc)
+        else:
+            return redirect("web:version_detail", team=team, model=model, number=version.number)
+    return render(
+        request,
+        "web/version_new.html",
+        {"ctx": ctx, "model": obj, "form": form, "backend_advice": BACKEND_ADVICE},
+    )
+
+
+def _version(ctx: TeamContext, model: str, number: int) -> ModelVersion:
+    return get_object_or_404(
+        ModelVersion.objects.select_related("model__team", "release"),
+        model__team=ctx.team,
+        model__slug=model,
+        number=number,
+    )
+
+
+def _package_files(version: ModelVersion) -> dict[str, str]:
+    """The generated Triton repository files, as text, for a packaged version."""
+    if not version.package_digest:
+        return {}
+    try:
+        return {
+            path: content.decode("utf-8", "replace")
+            for path, content in repository_files(version).items()
+            if not path.endswith(".py")
+        }
+    except PackagingError as exc:
+        return {"(error)": str(exc)}
+
+
+@login_required
+def version_detail(request: HttpRequest, team: str, model: str, number: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    version = _version(ctx, model, number)
+    return render(
+        request,
+        "web/version_detail.html",
+        {
+            "ctx": ctx,
+            "version": version,
+            "model": version.model,
+            **_version_live_context(version),
+        },
+    )
+
+
+def _version_live_context(version: ModelVersion) -> dict:
+    return {
+        "version": version,
+        "copy": getattr(version, "materialization", None),
+        "events": version.events.order_by("-created_at", "-id")[:20],
+        "files": _package_files(version),
+        "manifest_json": json.dumps(version.package_manifest, indent=2, sort_keys=True),
+    }
+
+
+@login_required
+def version_live(request: HttpRequest, team: str, model: str, number: int) -> HttpResponse:
+    """The part of the version page that changes while workers copy and package it."""
+    ctx = team_context(request, team)
+    version = _version(ctx, model, number)
+    return render(request, "web/_version_live.html", {"ctx": ctx, **_version_live_context(version)})
+
+
+@login_required
+@require_http_methods(["POST"])
+def version_retry(request: HttpRequest, team: str, model: str, number: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    version = _version(ctx, model, number)
+    try:
+        registry_services.retry_version(version, actor=Actor.for_request(request.user))
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    return redirect("web:version_detail", team=team, model=model, number=number)
