@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
@@ -13,7 +14,10 @@ urlpatterns = [
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(
-            template_name="web/login.html", redirect_authenticated_user=True
+            template_name="web/login.html",
+            redirect_authenticated_user=True,
+            # The local default's credentials are hinted at only where they exist.
+            extra_context={"local_default": settings.DEBUG},
         ),
         name="login",
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html as html_lib
 import re
+from html.parser import HTMLParser
 
 import pytest
 from django.test import Client
@@ -441,3 +442,51 @@ def test_charts_draw_what_was_scraped(member, team, deployment):
     assert set(peaks) == {"tokens", "requests", "ttft", "e2e", "kv_cache", "prefix_cache"}
     assert float(peaks["requests"]) > 0 and float(peaks["ttft"]) > 0
     assert "<polyline" in html or "<circle" in html
+
+
+# --- accessibility -----------------------------------------------------------------------------
+
+
+class _Controls(HTMLParser):
+    """Form controls of a page and the ids its labels point at (or wrap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.controls: list[dict[str, str | None]] = []
+        self.label_for: set[str] = set()
+        self.inside_label = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "label":
+            self.inside_label += 1
+            if attributes.get("for"):
+                self.label_for.add(attributes["for"] or "")
+        elif tag in ("input", "select", "textarea"):
+            if attributes.get("type") in ("hidden", "submit"):
+                return
+            self.controls.append({**attributes, "wrapped": "yes" if self.inside_label else None})
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self.inside_label -= 1
+
+
+def test_every_form_field_has_a_label(member, team, model, version, cpu_instance_type):
+    client = signed_in(member)
+    pages = [
+        reverse("web:model_new", args=[team.slug]),
+        reverse("web:version_new", args=[team.slug, model.slug]),
+        reverse("web:deploy", args=[team.slug, model.slug]),
+        reverse("web:tokens", args=[team.slug]),
+    ]
+    anonymous = Client().get(reverse("web:login")).content.decode()
+    for url, html in [(url, client.get(url).content.decode()) for url in pages] + [
+        ("login", anonymous)
+    ]:
+        parsed = _Controls()
+        parsed.feed(html)
+        assert parsed.controls, url
+        for control in parsed.controls:
+            labelled = control["wrapped"] or control.get("id") in parsed.label_for
+            assert labelled, f"{url}: {control.get('name')} has no label"
