@@ -81,6 +81,14 @@ def serve_v1(model, v1, instance_type, replicas=2, **options) -> Deployment:
     return deployment
 
 
+def to_first_bake(deployment: Deployment, v2) -> Deployment:
+    """Start a rollout to ``v2`` with a long bake and run it until its first stage bakes."""
+    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
+    step(deployment, 2)
+    M.set_health(2, Health.READY)
+    return run_until(deployment, lambda d: d.step.get("phase") == "bake")
+
+
 def test_a_first_deploy_starts_every_replica_then_serves(versions, cpu_instance_type):
     model, v1, _ = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=3)
@@ -125,10 +133,7 @@ def test_a_crash_rolls_back_to_the_full_old_set_before_removing_the_new(
 ):
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
-    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
-    step(deployment, 2)
-    M.set_health(2, Health.READY)
-    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    to_first_bake(deployment, v2)
     M.finish_draining()
     step(deployment)
     assert M.split() == {"v2": (50, 1), "v1": (50, 1)}
@@ -169,10 +174,7 @@ def test_a_retired_instance_is_stopped_only_once_the_gateways_have_the_new_table
 def test_pause_resume_and_promote(versions, cpu_instance_type):
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[10, 50, 90, 100])
-    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
-    step(deployment, 2)
-    M.set_health(2, Health.READY)
-    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    to_first_bake(deployment, v2)
     services.act(deployment, Action.PAUSE, actor=USER)
     assert step(deployment).observed_state == "paused"
     assert step(deployment, 3).current_stage == 1
@@ -254,10 +256,7 @@ def test_an_instance_failing_its_health_check_through_the_bake_rolls_back(
 ):
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[50, 100])
-    services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
-    step(deployment, 2)
-    M.set_health(2, Health.READY)
-    run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    to_first_bake(deployment, v2)
     M.set_health(2, Health.UNHEALTHY, "health check failing")
     assert step(deployment, 2).observed_state == "progressing"  # one slow check is tolerated
     past = timezone.now() - timedelta(seconds=controller.UNHEALTHY_GRACE_SECONDS + 1)

@@ -391,6 +391,7 @@ def test_metrics_explain_themselves_before_any_sample(member, team, deployment):
         .content.decode()
     )
     assert 'data-testid="metrics-empty"' in html and "No samples yet" in html
+    assert "every 15 s" in html
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import hashlib
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -207,6 +208,7 @@ def _charts_context(deployments: list[Deployment]) -> dict:
         "sources": sources,
         "sources_down": [s for s in sources if not s.up],
         "live": any(d.observed_state in LIVE_STATES for d in deployments),
+        "scrape_seconds": f"{settings.METRICS_SCRAPE_SECONDS:g}",
     }
 
 
