@@ -229,6 +229,11 @@ def scrape_live_instances(now: datetime | None = None) -> ScrapeReport:
                 if source.snapshot is not None and source.snapshot_at is not None:
                     delta = reading.since(Snapshot.from_json(source.snapshot))
                     seconds = (at - source.snapshot_at).total_seconds()
+                elif instance.ready_at is not None:
+                    # The first reading: the engine's counters began at zero when it started,
+                    # and it served nothing before it was ready, so what they hold now is the
+                    # traffic since then (a new instance's first seconds are not lost).
+                    delta, seconds = reading, (at - instance.ready_at).total_seconds()
                 interval.add_up(reading, delta, seconds)
                 source.up, source.error, source.last_ok_at = True, "", at
                 source.snapshot, source.snapshot_at = reading.to_json(), at

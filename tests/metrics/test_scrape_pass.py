@@ -149,3 +149,17 @@ def test_only_live_instances_of_live_deployments_are_read(deployment):
         deployment.observed_state = "retired"
         deployment.save(update_fields=["observed_state"])
         assert scrape_live_instances().scraped == 0
+
+
+def test_a_new_instances_first_reading_counts_from_when_it_became_ready(deployment):
+    engine = EngineExposition()
+    engine.serve(ok=20)
+    now = timezone.now()
+    with loopback_source(Answer(body=engine.text())) as source:
+        instance = add_instance(deployment, "fresh", source.url)
+        instance.ready_at = now - timedelta(seconds=10)
+        instance.save(update_fields=["ready_at"])
+        report = scrape_live_instances(now=now)
+    point = MetricPoint.objects.get(deployment=deployment, at=report.at)
+    assert point.requests_per_s == pytest.approx(20 / 10)
+    assert point.e2e_p50 is not None
