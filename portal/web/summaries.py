@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db.models import Prefetch
+
 from portal.core.errors import InvalidTransition
 from portal.core.transitions import Action, action_changes
 from portal.deployments.models import (
@@ -90,7 +92,9 @@ def model_rows(models) -> list[ModelRow]:
     live = (
         Deployment.objects.filter(model__in=models, observed_state__in=LIVE_STATES)
         .select_related("target_version")
-        .prefetch_related("instances")
+        .prefetch_related(
+            Prefetch("instances", queryset=Instance.objects.filter(state__in=SHOWN_INSTANCE_STATES))
+        )
     )
     rows = {m.pk: ModelRow(m) for m in models}
     for deployment in live:

@@ -491,3 +491,13 @@ def test_every_form_field_has_a_label(member, team, model, version, cpu_instance
         for control in parsed.controls:
             labelled = control["wrapped"] or control.get("id") in parsed.label_for
             assert labelled, f"{url}: {control.get('name')} has no label"
+
+
+def test_a_malformed_version_in_the_deploy_link_is_ignored(member, team, model, version):
+    url = reverse("web:deploy", args=[team.slug, model.slug])
+    assert signed_in(member).get(url, {"version": "v1'"}).status_code == 200
+
+
+def test_the_version_form_explains_when_each_backend_fits(member, team, model):
+    html = signed_in(member).get(reverse("web:version_new", args=[team.slug, model.slug]))
+    assert b"Most LLMs" in html.content and b"Anything vLLM does not run" in html.content

@@ -60,7 +60,7 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             health_deadline_seconds=serving.health_deadline_seconds,
             max_error_rate=serving.max_error_rate,
         )
-    if "version" in request.GET:
+    if request.GET.get("version", "").isdigit():
         initial["version"] = obj.versions.filter(number=request.GET["version"]).first()
     form = DeployForm(request.POST or None, model=obj, initial=initial)
     chosen = form.data.get("version") or getattr(initial["version"], "pk", None)
