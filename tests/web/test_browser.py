@@ -204,14 +204,32 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
     finally:
         scraper.stop.set()
 
+    # A CI token: shown once, then listed by its prefix only, and revocable.
+    page.get_by_role("link", name="API tokens").click()
+    page.get_by_label("Name").fill("ci-main")
+    page.get_by_role("button", name="Create token").click()
+    plaintext = page.get_by_test_id("new-token").locator("code").inner_text()
+    shot(page, "09-token-created")
+    answer = httpx.get(
+        base + "/api/v1/deployments/", headers={"Authorization": f"Bearer {plaintext}"}
+    )
+    assert answer.status_code == 200 and answer.json()["count"] == 1
+    page.get_by_role("button", name="Revoke").click()
+    page.get_by_text("Token revoked").wait_for()
+    assert plaintext not in page.content()
+    answer = httpx.get(
+        base + "/api/v1/deployments/", headers={"Authorization": f"Bearer {plaintext}"}
+    )
+    assert answer.status_code == 401
+
     # At a phone's width nothing overflows sideways, long names included.
     create_model(
         team=deployment.model.team, slug="a" * 20 + "-very-long-model-name-" + "b" * 21, task="chat"
     )
     page.set_viewport_size({"width": 390, "height": 844})
     for name, path in [
-        ("09-dashboard-phone", f"/t/{deployment.model.team.slug}/"),
-        ("10-deployment-phone", f"/t/{deployment.model.team.slug}/deployments/{deployment.pk}/"),
+        ("10-dashboard-phone", f"/t/{deployment.model.team.slug}/"),
+        ("11-deployment-phone", f"/t/{deployment.model.team.slug}/deployments/{deployment.pk}/"),
     ]:
         page.goto(base + path)
         page.wait_for_timeout(500)
