@@ -263,15 +263,24 @@ class Advice:
     interface_changes: list[str]
 
 
-def advise_strategy(model: Model, version: ModelVersion) -> Advice:
-    """Which strategy fits rolling out ``version``, and why, in words for the author."""
-    serving = (
+def live_red_black(model: Model) -> Deployment | None:
+    """The model's live Red-Black deployment (there is at most one): what a new version of an
+    unchanged interface rolls onto."""
+    return (
         Deployment.objects.filter(
             model=model, strategy=Strategy.RED_BLACK, observed_state__in=LIVE_STATES
         )
-        .select_related("target_version")
+        .select_related("target_version", "instance_type")
         .first()
     )
+
+
+def advise_strategy(
+    model: Model, version: ModelVersion, serving: Deployment | None = None
+) -> Advice:
+    """Which strategy fits rolling out ``version``, and why, in words for the author.
+    ``serving`` is the model's live Red-Black deployment when the caller already has it."""
+    serving = serving or live_red_black(model)
     if serving is None:
         return Advice(
             Strategy.RED_BLACK,

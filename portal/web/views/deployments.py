@@ -34,12 +34,6 @@ from portal.web.views.registry import get_model, require_write
 CHART_WINDOW = timedelta(hours=1)
 
 
-def _live_red_black(model) -> Deployment | None:
-    return model.deployments.filter(
-        strategy=Strategy.RED_BLACK, observed_state__in=LIVE_STATES
-    ).first()
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
@@ -49,7 +43,7 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
     if not obj.versions.exists():
         messages.info(request, "Register a version before deploying.")
         return redirect("web:version_new", team=team, model=model)
-    serving = _live_red_black(obj)
+    serving = deployment_services.live_red_black(obj)
     initial: dict[str, Any] = {"version": obj.versions.first()}
     if serving is not None:  # a rollout keeps the deployment's shape unless changed here
         initial.update(
@@ -63,10 +57,14 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
     if request.GET.get("version", "").isdigit():
         initial["version"] = obj.versions.filter(number=request.GET["version"]).first()
     form = DeployForm(request.POST or None, model=obj, initial=initial)
-    chosen = form.data.get("version") or getattr(initial["version"], "pk", None)
-    version = obj.versions.exclude(state=VersionState.FAILED).filter(pk=chosen or 0).first()
-    advice = deployment_services.advise_strategy(obj, version) if version else None
-    if request.method == "POST" and form.is_valid():
+    # The advice is about the version being deployed: the one posted (as the form's own field
+    # cleaned it), else the one the page offers.
+    valid = form.is_bound and form.is_valid()
+    version = form.cleaned_data.get("version") if form.is_bound else initial["version"]
+    advice = None
+    if version is not None and version.state != VersionState.FAILED:
+        advice = deployment_services.advise_strategy(obj, version, serving)
+    if valid:
         deployment = _deploy(request, ctx, obj, serving, form)
         if deployment is not None:
             return redirect("web:deployment_detail", team=team, pk=deployment.pk)
