@@ -10,6 +10,7 @@ Screenshots of the main pages go to ``$TEST_ARTIFACTS_DIR`` (default ``var/test-
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -81,7 +82,7 @@ class Scraper(threading.Thread):
             scrape_metrics.delay()
 
 
-def register_version(page, base: str, artifact: Path, *, first: bool) -> None:
+def register_version(page, artifact: Path, *, first: bool) -> None:
     if not first:
         page.get_by_role("link", name="Add version").click()
     page.get_by_label("Artifact source").fill(f"file://{artifact}")
@@ -114,8 +115,6 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
     page, base = browser_page, live_server.url
     settings.GATEWAY_URL = rollout_world.gateway_url  # what the deployment page shows callers
     artifact = rollout_world.artifact_root / "demo-tiny"
-    import shutil
-
     shutil.copytree(rollout_world._weights, artifact)
 
     # Sign in with the keyboard alone.
@@ -133,7 +132,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
     page.get_by_label("Name").fill("tiny")
     page.get_by_role("button", name="Register and add a version").click()
     shot(page, "02-add-version")
-    register_version(page, base, artifact, first=True)
+    register_version(page, artifact, first=True)
     shot(page, "03-version-ready")
 
     # Deploy v1 Red-Black and wait until it serves.
@@ -176,7 +175,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
         page.get_by_role("link", name="tiny").first.click()
         page.get_by_test_id("charts").wait_for()  # the model page merges its deployments' points
         shot(page, "06-model-page")
-        register_version(page, base, artifact, first=False)
+        register_version(page, artifact, first=False)
         page.get_by_role("link", name="Deploy v2").click()
         page.get_by_label("Bake time (seconds)").fill("40")  # time to roll back mid-rollout
         page.get_by_role("button", name="Deploy").click()

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import html as html_lib
+import json
 import re
 from html.parser import HTMLParser
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 
 from portal.accounts.models import ApiToken
+from portal.accounts.tokens import issue_token
 from portal.deployments.models import Deployment, DeploymentEvent, ObservedState
+from portal.metrics.services import scrape_live_instances
 from portal.registry.models import ModelVersion
 from tests.factories import (
     TAGGER_IO,
@@ -21,6 +25,7 @@ from tests.factories import (
     make_python_version,
     make_version,
 )
+from tests.metrics.helpers import Answer, EngineExposition, add_instance, loopback_source
 
 pytestmark = pytest.mark.django_db
 
@@ -200,10 +205,6 @@ def test_add_version_validation_messages(
 def test_add_a_python_backend_version_with_an_uploaded_model_py(
     member, team, model, release, artifact_root
 ):
-    import json
-
-    from django.core.files.uploadedfile import SimpleUploadedFile
-
     source = b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     response = signed_in(member).post(
         reverse("web:version_new", args=[team.slug, model.slug]),
@@ -373,8 +374,6 @@ def test_tokens_are_shown_once_listed_and_revoked(member, team):
 
 
 def test_another_teams_token_cannot_be_revoked(member, team, other_team, outsider):
-    from portal.accounts.tokens import issue_token
-
     theirs = issue_token(team=other_team, name="theirs").token
     signed_in(member).post(reverse("web:token_revoke", args=[team.slug, theirs.pk]))
     theirs.refresh_from_db()
@@ -405,9 +404,6 @@ def test_metrics_explain_themselves_before_any_sample(member, team, deployment):
 def test_a_broken_source_is_shown_down_and_the_page_still_works(
     member, team, deployment, settings, answer, reason
 ):
-    from portal.metrics.services import scrape_live_instances
-    from tests.metrics.helpers import Answer, add_instance, loopback_source
-
     settings.METRICS_SCRAPE_TIMEOUT_SECONDS = 0.5
     with loopback_source(Answer(**answer)) as source:
         add_instance(deployment, "search-ranker-v1-broken", source.url)
@@ -424,9 +420,6 @@ def test_a_broken_source_is_shown_down_and_the_page_still_works(
 
 
 def test_charts_draw_what_was_scraped(member, team, deployment):
-    from portal.metrics.services import scrape_live_instances
-    from tests.metrics.helpers import Answer, EngineExposition, add_instance, loopback_source
-
     engine = EngineExposition()
     with loopback_source(Answer(body=engine.text())) as source:
         add_instance(deployment, "search-ranker-v1-a", source.url)
@@ -501,3 +494,16 @@ def test_a_malformed_version_in_the_deploy_link_is_ignored(member, team, model, 
 def test_the_version_form_explains_when_each_backend_fits(member, team, model):
     html = signed_in(member).get(reverse("web:version_new", args=[team.slug, model.slug]))
     assert b"Most LLMs" in html.content and b"Anything vLLM does not run" in html.content
+
+
+def test_a_posted_version_that_is_not_one_is_a_form_error(
+    member, team, model, version, cpu_instance_type
+):
+    response = signed_in(member).post(
+        reverse("web:deploy", args=[team.slug, model.slug]),
+        {"version": "abc", "strategy": "red_black", "replicas": 1,
+         "instance_type": cpu_instance_type.pk, "stages": "100", "bake_seconds": 0,
+         "health_deadline_seconds": 60, "max_error_rate": 0.05},
+    )  # fmt: skip
+    assert response.status_code == 200 and has_error(response, "valid choice")
+    assert not Deployment.objects.exists()
