@@ -219,6 +219,9 @@ METRICS_RETENTION_SECONDS = int(os.environ.get("METRICS_RETENTION_SECONDS", str(
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+# Workers consume this queue and tasks go to it: two platforms (or two test runs) sharing one Redis
+# database stay apart by each naming its own.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "celery")
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

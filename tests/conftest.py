@@ -3,8 +3,10 @@ Celery worker process against the test database and a dedicated Redis database."
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +28,19 @@ from portal.registry.validation import ENGINE_ARG_TYPES
 from tests.factories import make_deployment, make_model, make_version
 
 ROOT = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def pytest_configure(config):
+    """Give this run a Celery queue of its own. A worker left behind by an earlier run that was
+    killed (its teardown never ran) still listens on the same Redis database, and would
+    otherwise take this run's tasks and act on them with its own settings."""
+    queue = f"test-{socket.gethostname()}-{os.getpid()}"
+    os.environ["CELERY_QUEUE"] = queue  # the workers the tests start inherit it
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    from portal.celery import app
+
+    app.conf.task_default_queue = queue
 
 
 @pytest.fixture(autouse=True)
@@ -197,6 +212,14 @@ def _test_database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{db['NAME']}"
 
 
+def die_with_pytest() -> None:
+    """``preexec_fn`` for the processes tests start: the kernel sends them SIGTERM when the
+    pytest process dies, so a run killed midway (a timeout, a Ctrl-C twice) leaves no worker or
+    gateway behind to take the next run's tasks."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start_celery_worker(name: str = "test") -> subprocess.Popen:
     """A real ``celery worker`` process on the test database and the test Redis database,
     with this process's environment (so a test's ``monkeypatch.setenv`` reaches it)."""
@@ -207,6 +230,7 @@ def start_celery_worker(name: str = "test") -> subprocess.Popen:
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "CELERY_RESULT_BACKEND": settings.CELERY_RESULT_BACKEND,
     }
+    hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@{socket.gethostname()}"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -220,18 +244,19 @@ def start_celery_worker(name: str = "test") -> subprocess.Popen:
             "--loglevel",
             "WARNING",
             "--hostname",
-            f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
+            hostname,
             "--without-mingle",
             "--without-gossip",
         ],
         cwd=ROOT,
         env=env,
         start_new_session=True,
+        preexec_fn=die_with_pytest,
     )
     from portal.celery import app
 
     deadline = time.monotonic() + 30
-    while not app.control.ping(timeout=0.5):
+    while not app.control.ping(destination=[hostname], timeout=0.5):  # this worker, no other
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail("the Celery worker did not come up")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRINT_SETTINGS = (
     "import django; django.setup(); from django.conf import settings as s; "
     "print(s.DATABASES['default']['ENGINE'], s.DATABASES['default']['NAME'], "
-    "s.CELERY_BROKER_URL, s.MODEL_CACHE_ROOT, s.DEBUG, sep='|')"
+    "s.CELERY_BROKER_URL, s.CELERY_TASK_DEFAULT_QUEUE, s.MODEL_CACHE_ROOT, s.DEBUG, sep='|')"
 )
 
 
@@ -21,7 +21,7 @@ def run_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         k: v
         for k, v in os.environ.items()
         if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "MODEL_CACHE_ROOT",
-                     "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"}
+                     "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "CELERY_QUEUE"}
     }  # fmt: skip
     base.update(
         DJANGO_SETTINGS_MODULE="portal.settings", PORTAL_VAR_DIR=str(tmp_path / "var"), **env
@@ -40,10 +40,11 @@ def test_secret_key_is_required_when_debug_is_off(tmp_path):
 def test_embedded_defaults(tmp_path):
     result = run_settings(tmp_path, DEBUG="1")
     assert result.returncode == 0, result.stderr
-    engine, name, broker, cache_root, debug = result.stdout.strip().split("|")
+    engine, name, broker, queue, cache_root, debug = result.stdout.strip().split("|")
     assert engine == "django.db.backends.sqlite3"
     assert name == str(tmp_path / "var" / "portal.sqlite3")
     assert broker == "redis://127.0.0.1:6379/0"
+    assert queue == "celery"
     assert cache_root == str(tmp_path / "var" / "model-cache")
     assert debug == "True"
     # The generated development key is kept, private, and reused.
@@ -61,10 +62,12 @@ def test_environment_overrides(tmp_path):
         DATABASE_URL="postgres://u@db.internal:5433/portal",
         REDIS_URL="redis://cache:6379/2",
         MODEL_CACHE_ROOT="/fsx/models",
+        CELERY_QUEUE="platform-b",
     )
     assert result.returncode == 0, result.stderr
-    engine, name, broker, cache_root, debug = result.stdout.strip().split("|")
+    engine, name, broker, queue, cache_root, debug = result.stdout.strip().split("|")
     assert (engine, name) == ("django.db.backends.postgresql", "portal")
     assert broker == "redis://cache:6379/2"
+    assert queue == "platform-b"
     assert cache_root == "/fsx/models"
     assert debug == "False"

@@ -17,19 +17,25 @@ import httpx
 import psutil
 
 from portal.deployments.models import Deployment, Instance
+from tests.conftest import die_with_pytest
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2, explain=None):
+    """Poll until ``predicate`` returns something true. On a timeout the error carries what
+    ``explain()`` returns, so a failure seen only once in CI can still be diagnosed."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            message = f"timed out after {timeout} s waiting for {what}"
+            if explain is not None:
+                message += "\n" + explain()
+            raise AssertionError(message)
         time.sleep(interval)
 
 
@@ -51,6 +57,7 @@ def start_gateway(redis_url: str) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_pytest,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -162,6 +169,29 @@ class Load:
 
 def timeline(deployment: Deployment) -> list[str]:
     return [e.message for e in deployment.events.order_by("created_at", "id")]
+
+
+def explain(deployment: Deployment, run_root: Path) -> str:
+    """The deployment as the controller left it: states, its instances, its last events and the
+    end of each instance's log."""
+    deployment.refresh_from_db()
+    lines = [
+        f"deployment {deployment.pk}: observed={deployment.observed_state} "
+        f"desired={deployment.desired_state} stage={deployment.current_stage} "
+        f"step={deployment.step} last_reconciled_at={deployment.last_reconciled_at}",
+        f"status: {deployment.status_message}",
+    ]
+    for instance in deployment.instances.order_by("id"):
+        lines.append(
+            f"instance {instance.name} v{instance.version.number} {instance.state}: "
+            f"{instance.health_message} (created {instance.created_at:%H:%M:%S})"
+        )
+    events = list(deployment.events.order_by("-created_at", "-id")[:10])
+    lines += [f"event {e.created_at:%H:%M:%S} {e.message}" for e in reversed(events)]
+    for log in sorted(run_root.glob("*/*/instance.log")):
+        tail = log.read_text(errors="replace").splitlines()[-8:]
+        lines += [f"log {log.parent.name}:", *(f"  {line}" for line in tail)]
+    return "\n".join(lines)
 
 
 def live_instances(deployment: Deployment) -> list[Instance]:

@@ -12,6 +12,7 @@ import time
 import httpx
 import psutil
 import pytest
+from django.conf import settings
 
 from portal.core.transitions import Action
 from portal.deployments import services
@@ -21,6 +22,7 @@ from tests.conftest import start_celery_worker
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (
     Load,
+    explain,
     instance_processes,
     live_instances,
     timeline,
@@ -37,13 +39,17 @@ def state(deployment: Deployment) -> Deployment:
     return deployment
 
 
+def why(deployment: Deployment) -> str:
+    return explain(deployment, settings.INSTANCE_RUN_ROOT)
+
+
 def serving(deployment: Deployment, version: int, timeout: float = 120) -> Deployment:
     def done():
         d = state(deployment)
         assert d.observed_state not in ("failed", "aborted"), d.status_message
         return d.observed_state == "serving" and d.target_version.number == version and d
 
-    return wait_for(done, timeout, f"v{version} serving")
+    return wait_for(done, timeout, f"v{version} serving", explain=lambda: why(deployment))
 
 
 def settled(world, deployment: Deployment, replicas: int, timeout: float = 60) -> None:
@@ -59,7 +65,9 @@ def settled(world, deployment: Deployment, replicas: int, timeout: float = 60) -
             and sorted(running) == sorted(i.name for i in live)
         )
 
-    wait_for(clean, timeout, "old instances to be drained and stopped")
+    wait_for(
+        clean, timeout, "old instances to be drained and stopped", explain=lambda: why(deployment)
+    )
 
 
 def in_bake(deployment: Deployment, stage: int) -> bool:
@@ -151,7 +159,9 @@ def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
     services.update_deployment(deployment, actor=USER, bake_seconds=60)
     with Load(world.endpoint(model), SERVED_NAME) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
-        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        wait_for(
+            lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
+        )
         time.sleep(1)
         assert load.mix()["v2"] > 0
         # A crash between requests: whatever v2 was answering finishes first (a request in
@@ -177,7 +187,9 @@ def test_an_error_rate_breach_during_the_bake_rolls_back(chat):
     services.update_deployment(deployment, actor=USER, bake_seconds=60, max_error_rate=0.2)
     with Load(world.endpoint(model), SERVED_NAME) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
-        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        wait_for(
+            lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
+        )
         [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
         # Other callers send v2 requests it fails (no text_input): its own metrics count them.
         url = f"{v2_instance.endpoints['kserve_http']}/v2/models/{SERVED_NAME}/generate"
@@ -194,7 +206,9 @@ def test_a_rollout_survives_its_worker_being_killed(chat):
     world, model, _v1, v2, deployment = chat
     with Load(world.endpoint(model), SERVED_NAME) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
-        wait_for(lambda: in_bake(deployment, 1), 120, "the 50% stage")
+        wait_for(
+            lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
+        )
         os.killpg(world.worker.pid, signal.SIGKILL)
         world.worker.wait()
         time.sleep(3)  # longer than RECONCILE_STALE_SECONDS: nobody is looking now

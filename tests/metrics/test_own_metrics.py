@@ -42,11 +42,11 @@ def test_requests_are_counted_by_view_name_not_path(api, member, deployment, cle
 
 def test_queue_depth_is_read_from_the_broker(api, clean_redis):
     before = families(api())["portal_celery_queue_length"]
-    assert [s.value for s in samples(before, queue="celery")] == [0.0]
+    assert [s.value for s in samples(before, queue=settings.CELERY_TASK_DEFAULT_QUEUE)] == [0.0]
     beat_heartbeat.apply_async()  # no worker here: it waits in the queue
     beat_heartbeat.apply_async()
     after = families(api())["portal_celery_queue_length"]
-    assert [s.value for s in samples(after, queue="celery")] == [2.0]
+    assert [s.value for s in samples(after, queue=settings.CELERY_TASK_DEFAULT_QUEUE)] == [2.0]
     assert [s.value for s in families(api())["portal_metrics_redis_up"].samples] == [1.0]
 
 
