@@ -98,6 +98,8 @@ def test_dockerfile_cmd_serves_the_wsgi_app_on_all_interfaces():
     cmd = json.loads(only(dockerfile_instructions(), "CMD"))
     assert cmd[:2] == ["gunicorn", "portal.wsgi"]
     assert cmd[cmd.index("--bind") + 1] == "0.0.0.0:8000"
+    assert cmd[cmd.index("--config") + 1] == "python:portal.gunicorn_conf"
+    assert importlib.util.find_spec("portal.gunicorn_conf") is not None
     assert importlib.util.find_spec("portal.wsgi") is not None
 
 
@@ -168,6 +170,7 @@ def test_compose_commands_reference_real_entry_points(compose):
     assert web[:4] == ["python", "manage.py", "migrate", "--noinput"]
     assert web[web.index("&&") + 1 :][:3] == ["exec", "gunicorn", "portal.wsgi"]
     assert "0.0.0.0:8000" in web
+    assert web[web.index("--config") + 1] == "python:portal.gunicorn_conf"
     assert command_of(services["worker"])[:4] == ["celery", "-A", "portal", "worker"]
     assert command_of(services["beat"])[:4] == ["celery", "-A", "portal", "beat"]
     # What ``celery -A portal`` resolves to is the project's Celery app.

@@ -1,17 +1,18 @@
 """The portal's own Prometheus metrics: its web requests, its Celery queue and its tasks.
 
-They live in a registry of their own, so nothing another library registers globally ends up
-on the portal's ``/metrics``. Web requests are counted in the web process that serves them.
-Queue depth and task timings are not this process's to know: the queue is read from the
-broker when Prometheus scrapes, and workers (other processes, other hosts) add their task
-timings to Redis hashes that the collector reads back. Labels are HTTP methods, URL pattern
-names, status codes and task names only, never paths or ids, so nothing here names a team or
-its objects.
+They live in a registry of their own, so nothing another library registers globally ends up on
+the portal's ``/metrics``. Web requests are counted in the web process that serves them and
+summed over gunicorn's workers (see :func:`exposition`). Queue depth and task timings are not
+this process's to know: the queue is read from the broker when Prometheus scrapes, and workers
+(other processes, other hosts) add their task timings to Redis hashes that the collector reads
+back. Labels are HTTP methods, URL pattern names, status codes and task names only, never paths
+or ids, so nothing here names a team or its objects.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_prerun
 from django.conf import settings
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from portal.metrics import buckets as bk
@@ -173,3 +175,15 @@ class PortalCollector(Collector):
 
 
 REGISTRY.register(PortalCollector())
+
+
+def exposition() -> bytes:
+    """The text ``/metrics`` answers. Under gunicorn (see :mod:`portal.gunicorn_conf`) the
+    request metrics come from every worker's files; elsewhere (tests, ``runserver``) from this
+    process alone."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry(auto_describe=True)
+    MultiProcessCollector(registry)
+    registry.register(PortalCollector())
+    return generate_latest(registry)

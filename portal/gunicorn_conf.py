@@ -1,0 +1,36 @@
+"""Gunicorn settings for the portal's web server (the Procfile and the Docker image load them
+with ``--config python:portal.gunicorn_conf``; the address stays on the command line).
+
+Several worker processes answer requests, but Prometheus scrapes one of them at a time. So the
+portal's request metrics use prometheus-client's multiprocess mode: each worker writes its
+counts to files in ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics``, whichever worker answers it,
+adds up the files of all of them, those that have exited included. The variable is set here,
+in the master before it forks, because prometheus-client picks its storage when first imported.
+This module must not import Django: gunicorn loads it before the settings exist.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+accesslog = "-"
+graceful_timeout = 20
+
+_var_dir = Path(os.environ.get("PORTAL_VAR_DIR", Path(__file__).resolve().parent.parent / "var"))
+metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(_var_dir / "web-metrics")))
+
+
+def on_starting(server: object) -> None:
+    """Counts left by an earlier server are not this one's: start from an empty directory."""
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+
+
+def child_exit(server: object, worker: object) -> None:
+    """A worker exited (restarted, killed): its counts stay and its live gauges go."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
