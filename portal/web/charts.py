@@ -27,6 +27,14 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Grid:
+    """A guide line: vertical at a time (``x``) or horizontal at a value (``y``)."""
+
+    position: str
+    label: str
+
+
+@dataclass(frozen=True)
 class Chart:
     key: str
     title: str
@@ -35,11 +43,26 @@ class Chart:
     top: float  # the value of the top edge
     peak: float  # the largest value drawn (0 when none)
     has_data: bool
+    times: list[Grid]  # every 15 minutes back from the right edge
+    levels: list[Grid]  # half the top value
 
     width = WIDTH
     height = HEIGHT
     plot_bottom = HEIGHT - PAD_BOTTOM
     plot_top = PAD_TOP
+
+
+def number(value: float | None) -> str:
+    """A chart value with about three significant digits."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 1:
+        return f"{value:.3g}"
+    return f"{value:.2g}"
 
 
 def _scale(value: float, low: float, high: float, out_low: float, out_high: float) -> float:
@@ -84,5 +107,26 @@ def build(spec: Any, points: Sequence[dict[str, Any]], since: datetime, until: d
             segments.append(" ".join(current))
         lines.append(Line(label, COLOURS[index % len(COLOURS)], segments, last, last_xy))
     return Chart(
-        spec.key, spec.title, spec.unit, lines, top, max(values, default=0.0), bool(values)
+        spec.key,
+        spec.title,
+        spec.unit,
+        lines,
+        top,
+        max(values, default=0.0),
+        bool(values),
+        times=_time_grid(start, end),
+        levels=[
+            Grid(f"{_scale(top / 2, 0.0, top, HEIGHT - PAD_BOTTOM, PAD_TOP):.1f}", number(top / 2))
+        ],
     )
+
+
+def _time_grid(start: float, end: float, step: float = 15 * 60) -> list[Grid]:
+    """Lines ``step`` apart counted back from ``end``, labelled by how long ago they are."""
+    grid = []
+    at = end - step
+    while at > start:
+        x = _scale(at, start, end, PAD_LEFT, WIDTH - PAD_RIGHT)
+        grid.append(Grid(f"{x:.1f}", f"\u2212{round((end - at) / 60)} min"))
+        at -= step
+    return grid

@@ -436,6 +436,14 @@ def test_charts_draw_what_was_scraped(member, team, deployment):
     assert set(peaks) == {"tokens", "requests", "ttft", "e2e", "kv_cache", "prefix_cache"}
     assert float(peaks["requests"]) > 0 and float(peaks["ttft"]) > 0
     assert "<polyline" in html or "<circle" in html
+    # Each chart has guide lines every 15 minutes and at half its top value.
+    assert html.count("\u221215 min") == html.count("\u221245 min") == 6
+    tops = re.findall(r'<text class="tick" x="2" y="8">([^<]+)</text>', html)
+    halves = re.findall(r'<text class="tick" x="2" y="[0-9.]+" dy="-1">([^<]+)</text>', html)
+    assert len(tops) == len(halves) == 6
+    assert all(
+        float(half) * 2 == pytest.approx(float(top)) for top, half in zip(tops, halves, strict=True)
+    )
 
 
 # --- accessibility -----------------------------------------------------------------------------

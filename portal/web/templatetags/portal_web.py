@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django import template
 
+from portal.web import charts
+
 register = template.Library()
 
 
@@ -22,18 +24,7 @@ def seconds(value: float | None) -> str:
     return f"{hours} h {minutes} min"
 
 
-@register.filter
-def number(value: float | None) -> str:
-    """A chart value with about three significant digits."""
-    if value is None:
-        return "—"
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 1:
-        return f"{value:.3g}"
-    return f"{value:.2g}"
+register.filter("number", charts.number)
 
 
 @register.filter
