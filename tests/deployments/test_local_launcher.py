@@ -49,7 +49,11 @@ def health(launcher: LocalLauncher, the_set: VersionSet) -> dict[str, Health]:
     return {i.name: i.health for i in launcher.observe(the_set)}
 
 
-def test_an_instance_starts_serves_and_drains(launcher, demo_package):
+def test_an_instance_starts_serves_and_drains(launcher, demo_package, monkeypatch, tmp_path):
+    # The web server's metrics directory, were the worker to have it, is not the instance's.
+    web_metrics = tmp_path / "web-metrics"
+    web_metrics.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(web_metrics))
     the_set = demo_set(demo_package)
     [name] = launcher.start(the_set, 1)
     assert name.startswith("demo-tiny-v1-d7-")
@@ -63,6 +67,8 @@ def test_an_instance_starts_serves_and_drains(launcher, demo_package):
     )
     assert answer.status_code == 200, answer.text
     assert "nv_inference_request_success" in httpx.get(seen.endpoints["metrics"]).text
+    work = launcher.run_root / the_set.key / name / "work"
+    assert list((work / "prometheus").glob("*.db")) and not list(web_metrics.iterdir())
 
     launcher.stop(the_set, [name], drain_seconds=5)
     launcher.stop(the_set, [name], drain_seconds=5)  # twice is harmless

@@ -94,7 +94,7 @@ class LocalLauncher(Launcher):
                 stderr=subprocess.STDOUT,
                 cwd=directory,
                 start_new_session=True,  # outlives the worker that started it
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=_instance_environment(),
             )
         _update_record(
             directory, pid=process.pid, pid_started=psutil.Process(process.pid).create_time()
@@ -237,6 +237,14 @@ def _update_record(directory: Path, **changes: Any) -> None:
     record = _read_record(directory) or {}
     record.update(changes)
     _write_record(directory, record)
+
+
+def _instance_environment() -> dict[str, str]:
+    """This process's environment, less a ``PROMETHEUS_MULTIPROC_DIR`` set for the portal's own
+    web server: each instance keeps its metrics files in its own work directory (an instance
+    empties that directory when it starts, so a shared one would lose the others' counts)."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    return {**env, "PYTHONUNBUFFERED": "1"}
 
 
 def _process(record: dict[str, Any]) -> psutil.Process | None:
