@@ -28,6 +28,7 @@ from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
 from portal.cache.sources import CopyOptions, SourceError, open_source
 from portal.cache.store import ContentStore
+from portal.core.redis_clients import redis_client
 from portal.core.transitions import transition_version
 from portal.deployments.models import LIVE_STATES, Deployment, Instance, InstanceState
 from portal.registry.models import ModelVersion, VersionState
@@ -108,7 +109,7 @@ class Lease:
     after ``ttl`` seconds."""
 
     def __init__(self, name: str, ttl: int) -> None:
-        client = redis.Redis.from_url(settings.REDIS_URL)
+        client = redis_client()
         self.ttl = ttl
         self.lock = client.lock(name, timeout=ttl, thread_local=False)
 

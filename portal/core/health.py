@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from functools import cache
 
 import redis
 from django.conf import settings
 from django.db import connection
+
+from portal.core.redis_clients import redis_client
 
 BEAT_HEARTBEAT_KEY = "portal:beat:heartbeat"
 WORKER_PING_TIMEOUT = 1.0
@@ -24,11 +25,8 @@ class Check:
     detail: str
 
 
-@cache
 def broker_client() -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2
-    )
+    return redis_client(settings.CELERY_BROKER_URL, timeout=2)
 
 
 def check_database() -> Check:

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
+from portal.core.redis_clients import redis_client
 from portal.core.transitions import record_event, transition_deployment
 from portal.deployments import instances, routing
 from portal.deployments.instances import View
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 def reconcile(deployment_id: int) -> float | None:
     """Take the next step for one deployment. Returns seconds until it should be looked at
     again, or None when it needs nothing more (a finished deployment with no instance left)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client()
     lock = client.lock(f"reconcile:{deployment_id}", timeout=LOCK_SECONDS)
     if not lock.acquire(blocking=False):
         return _interval()  # another worker is at it; look again soon in case it just finished

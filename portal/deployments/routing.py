@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-import redis
 from django.conf import settings
 
+from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import get_launcher, version_set
 from portal.deployments.launchers.base import Health, ObservedInstance, Route, TrafficShare
 from portal.deployments.models import (
@@ -81,7 +81,7 @@ def publish() -> int:
 
     A table equal to the last one published is not published again: its generation stands,
     so waiting for it to be applied is not reset by every controller step."""
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client = redis_client(decode_responses=True)
     with client.lock("routing:publish", timeout=PUBLISH_LOCK_SECONDS, blocking_timeout=10):
         table = routes()
         digest = hashlib.sha256(_canonical(table).encode()).hexdigest()

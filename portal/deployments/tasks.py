@@ -7,10 +7,9 @@ and beat's ``redrive_deployments`` restarts the chain of any deployment whose wo
 
 from __future__ import annotations
 
-import redis
 from celery import shared_task
-from django.conf import settings
 
+from portal.core.redis_clients import redis_client
 from portal.deployments import controller, services
 from portal.registry.models import ModelVersion
 
@@ -21,14 +20,14 @@ def _marker(deployment_id: int) -> str:
 
 def schedule(deployment_id: int, delay: float = 0.0) -> None:
     """Have the deployment reconciled in ``delay`` seconds, unless a look is already due."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client()
     if client.set(_marker(deployment_id), 1, nx=True, ex=int(delay) + 60):
         reconcile_deployment.apply_async((deployment_id,), countdown=delay)
 
 
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> float | None:
-    redis.Redis.from_url(settings.REDIS_URL).delete(_marker(deployment_id))
+    redis_client().delete(_marker(deployment_id))
     delay = controller.reconcile(deployment_id)
     if delay is not None:
         schedule(deployment_id, delay)
@@ -44,7 +43,7 @@ def wake_deployments_of(version: ModelVersion) -> None:
 @shared_task
 def redrive_deployments() -> list[int]:
     """Beat: restart the controller for every deployment not looked at recently."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:
         client.delete(_marker(deployment_id))

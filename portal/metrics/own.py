@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from portal.core.redis_clients import redis_client
 from portal.metrics import buckets as bk
 
 logger = logging.getLogger(__name__)
@@ -53,18 +54,11 @@ TASK_INDEX_KEY = "portal:metrics:tasks"
 # kombu's Redis transport keeps a queue's priorities 3, 6 and 9 in lists of their own.
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
-_clients: dict[str, redis.Redis] = {}
-_clients_lock = threading.Lock()
+REDIS_TIMEOUT_SECONDS = 2.0  # a scrape or a task's bookkeeping never waits longer on Redis
 
 
 def _redis(url: str) -> redis.Redis:
-    """One client (and connection pool) per URL per process, not one per task or scrape."""
-    with _clients_lock:
-        client = _clients.get(url)
-        if client is None:
-            client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            _clients[url] = client
-        return client
+    return redis_client(url, timeout=REDIS_TIMEOUT_SECONDS)
 
 
 def default_queue() -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 from celery import shared_task
 from django.conf import settings
 
+from portal.core.redis_clients import redis_client
 from portal.metrics import services
 
 LOCK_KEY = "metrics:scrape"
@@ -18,7 +18,7 @@ def scrape_metrics() -> dict[str, Any] | None:
     """One scrape pass, unless another is still running: two passes at once would write two
     points per deployment and halve each other's intervals. None when skipped."""
     interval = float(getattr(settings, "METRICS_SCRAPE_SECONDS", 15))
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client()
     # Expires by itself, so a worker killed mid-pass holds up at most a few beats.
     lock = client.lock(
         LOCK_KEY, timeout=max(30.0, 4 * interval), blocking=False, raise_on_release_error=False

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import redis
 from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import (
     Health,
@@ -129,7 +129,7 @@ class KubernetesLauncher(Launcher):
     # --- traffic ------------------------------------------------------------------------------
 
     def set_traffic(self, routes: list[Route]) -> int:
-        generation = int(redis.Redis.from_url(settings.REDIS_URL).incr("kubernetes:traffic"))
+        generation = int(redis_client().incr("kubernetes:traffic"))
         services: dict[str, dict[str, Any]] = {}
         http_routes: dict[str, dict[str, Any]] = {}
         for route in routes:

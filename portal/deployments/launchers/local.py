@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 import psutil
-import redis
 from django.conf import settings
 
+from portal.core.redis_clients import redis_client
 from portal.deployments.launchers.base import (
     Health,
     Launcher,
@@ -56,7 +56,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self) -> None:
         self.run_root: Path = settings.INSTANCE_RUN_ROOT
-        self.redis = redis.Redis.from_url(settings.REDIS_URL)
+        self.redis = redis_client()
         self.prefix: str = settings.GATEWAY_REDIS_PREFIX
 
     # --- instances ----------------------------------------------------------------------------
