@@ -263,13 +263,16 @@ def start_celery_worker(name: str = "test") -> subprocess.Popen:
     return proc
 
 
-def stop_process_group(proc: subprocess.Popen) -> None:
-    """SIGTERM a process started in its own session (a worker, a gateway), SIGKILL after 20 s."""
+def stop_process_group(
+    proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM, grace: float = 20
+) -> None:
+    """Signal a process started in its own session (a worker, a gateway, ``./dev``) with
+    ``first``, and SIGKILL its group if it has not exited ``grace`` seconds later."""
     if proc.poll() is not None:
         return
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, first)
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

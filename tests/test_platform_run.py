@@ -16,6 +16,7 @@ import openai
 import pytest
 import redis
 
+from tests.conftest import stop_process_group
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,13 +67,7 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
         # demo_check passes, and --check then stops the whole platform by itself.
         returncode = proc.wait(timeout=180)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc, signal.SIGINT, grace=30)  # honcho stops its processes on SIGINT
         log.close()
         redis.Redis.from_url(REDIS_DB_URL).flushdb()
     output = (tmp_path / "run.log").read_text()

@@ -36,6 +36,11 @@ def signed_in(user) -> Client:
     return client
 
 
+def page_html(user, view: str, *args) -> str:
+    """The HTML ``user`` gets for the view named ``view`` with URL arguments ``args``."""
+    return signed_in(user).get(reverse(view, args=args)).content.decode()
+
+
 def errors_of(response) -> list[str]:
     """The text of every inline field error and form-level error on the page."""
     html = response.content.decode()
@@ -73,7 +78,7 @@ def test_sign_in_opens_the_team_dashboard(member, team):
 
 
 def test_the_team_switcher_lists_only_the_users_teams(member, team, other_team):
-    page = signed_in(member).get(reverse("web:dashboard", args=[team.slug])).content.decode()
+    page = page_html(member, "web:dashboard", team.slug)
     assert f'href="/t/{team.slug}/"' in page
     assert f'href="/t/{other_team.slug}/"' not in page
 
@@ -342,11 +347,7 @@ def test_an_action_that_does_not_apply_now_is_explained(member, team, deployment
 
 
 def test_only_actions_that_apply_are_offered(member, team, deployment):
-    html = (
-        signed_in(member)
-        .get(reverse("web:deployment_live", args=[team.slug, deployment.pk]))
-        .content.decode()
-    )
+    html = page_html(member, "web:deployment_live", team.slug, deployment.pk)
     assert "/pause/" in html and "/abort/" in html
     assert "/rollback/" not in html and "/resume/" not in html
 
@@ -384,11 +385,7 @@ def test_another_teams_token_cannot_be_revoked(member, team, other_team, outside
 
 
 def test_metrics_explain_themselves_before_any_sample(member, team, deployment):
-    html = (
-        signed_in(member)
-        .get(reverse("web:deployment_metrics", args=[team.slug, deployment.pk]))
-        .content.decode()
-    )
+    html = page_html(member, "web:deployment_metrics", team.slug, deployment.pk)
     assert 'data-testid="metrics-empty"' in html and "No samples yet" in html
     assert "every 15 s" in html
 
@@ -427,11 +424,7 @@ def test_charts_draw_what_was_scraped(member, team, deployment):
         engine.serve(ok=30, failed=1)
         source.answer = Answer(body=engine.text())
         scrape_live_instances()
-    html = (
-        signed_in(member)
-        .get(reverse("web:deployment_metrics", args=[team.slug, deployment.pk]))
-        .content.decode()
-    )
+    html = page_html(member, "web:deployment_metrics", team.slug, deployment.pk)
     peaks = dict(re.findall(r'data-chart="(\w+)"[^>]*data-peak="([0-9.e+-]+)"', html))
     assert set(peaks) == {"tokens", "requests", "ttft", "e2e", "kv_cache", "prefix_cache"}
     assert float(peaks["requests"]) > 0 and float(peaks["ttft"]) > 0
