@@ -263,7 +263,7 @@ class InferenceService:
                     streamed = responder.add(delta)
                     timer.output_ns += time.monotonic_ns() - started
                     if streamed is not None:
-                        yield Response(streamed, final=delta.finish_reason is not None)
+                        yield Response(streamed, final=responder.finished)
             if not generate.stream:
                 yield Response(responder.final(), final=True)
         except InvalidRequestError as exc:
