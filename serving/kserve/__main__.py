@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from serving.kserve.repository import RepositoryError, read_repository
-from serving.kserve.server import load_repository, repository_configs, serve_kserve
+from serving.kserve.repository import ModelControl, RepositoryError, read_repository
+from serving.kserve.server import load_entry, load_repository, repository_configs, serve_kserve
 
 logger = logging.getLogger("serving.kserve")
 
@@ -33,6 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-repository", required=True, type=Path)
     parser.add_argument(
         "--model", action="append", default=None, help="serve only this model (repeatable)"
+    )
+    parser.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit"),
+        default="none",
+        help="explicit: only the --model models load at start; others load and unload through "
+        "the repository API (Triton's --model-control-mode)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8000)
@@ -57,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        entries = read_repository(args.model_repository, args.model)
+        explicit = args.model_control_mode == "explicit"
+        if explicit and not args.model:
+            entries = []  # as Triton in explicit mode: nothing loads until asked
+            if not args.model_repository.is_dir():
+                raise RepositoryError(
+                    f"model repository {args.model_repository} is not a directory"
+                )
+        else:
+            entries = read_repository(args.model_repository, args.model)
     except RepositoryError as exc:
         logger.error("model repository refused, not serving: %s", exc)
         return 2
@@ -88,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 ready_callback=ready,
                 drain_timeout=args.drain_timeout,
                 configs=repository_configs(entries),
+                control=ModelControl(args.model_repository, explicit, load_entry),
             )
         )
     except _StopRequested as stop:  # arrived before serve_kserve installed its handlers

@@ -31,7 +31,7 @@ from serving.engine.model import read_engine_config
 from serving.engine.stats import EngineStats
 from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
-from serving.kserve.repository import ModelEntry
+from serving.kserve.repository import ModelControl, ModelEntry
 from serving.kserve.service import InferenceService
 from serving.kserve.triton_metrics import render
 
@@ -76,6 +76,14 @@ def engine_stats(model_name: str, max_model_len: int | None = None) -> EngineSta
     return stats
 
 
+def load_entry(entry: ModelEntry) -> Engine:
+    """Load one model (slow: weights are read); raises when it cannot."""
+    logger.info("loading model %s version %s", entry.name, entry.version)
+    limit = read_engine_config(entry.version_dir).max_model_len
+    stats = engine_stats(entry.name, limit)
+    return load_engine(entry.version_dir, name=entry.name, stats=stats)
+
+
 def load_repository(entries: list[ModelEntry]) -> list[Engine]:
     """Load every model (slow: weights are read); raises on the first that fails."""
     engines = []
@@ -98,6 +106,7 @@ async def serve_kserve(
     drain_timeout: float = 30.0,
     configs: dict[str, mc.ModelConfig] | None = None,
     stop: asyncio.Event | None = None,
+    control: ModelControl | None = None,
 ) -> None:
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
@@ -106,7 +115,7 @@ async def serve_kserve(
     not_ready = [e.name for e in engines if not e.ready]
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
-    service = InferenceService(engines, configs)
+    service = InferenceService(engines, configs, control)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
@@ -162,6 +171,7 @@ async def serve_kserve(
         await asyncio.gather(*tasks, return_exceptions=True)
         for engine in engines:
             engine.shutdown()
+        service.shutdown()  # also the models loaded at run time (explicit model control)
         for sig in installed:
             loop.remove_signal_handler(sig)
         for sock in sockets:

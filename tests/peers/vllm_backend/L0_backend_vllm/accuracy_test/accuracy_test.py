@@ -27,6 +27,7 @@
 import argparse
 import asyncio
 import json
+import os
 import pickle
 import sys
 import unittest
@@ -35,13 +36,13 @@ from functools import partial
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import *
 from vllm import SamplingParams
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.utils import random_uuid
 
 sys.path.append("../../common")
 from test_util import TestResultCollector, UserData, callback, create_vllm_request
+
+from demo_reference import DemoGreedyEngine
 
 VLLM_ENGINE_CONFIG = {
     "model": "facebook/opt-125m",
@@ -90,7 +91,7 @@ async def prepare_vllm_baseline_outputs(
     prompt in `prompts`. Saves resulted baselines in `vllm_baseline_output.pkl`
     for further use.
     """
-    llm_engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**VLLM_ENGINE_CONFIG))
+    llm_engine = DemoGreedyEngine()
     python_vllm_output = []
     for i in range(len(prompts)):
         output = await generate_python_vllm_output(
@@ -107,7 +108,7 @@ async def prepare_vllm_baseline_outputs(
 
 class VLLMTritonAccuracyTest(TestResultCollector):
     def setUp(self):
-        self.triton_client = grpcclient.InferenceServerClient(url="localhost:8001")
+        self.triton_client = grpcclient.InferenceServerClient(url=os.environ.get("TRITON_GRPC_URL", "localhost:8001"))
         self.vllm_model_name = "vllm_opt"
 
     def test_vllm_model(self):

@@ -25,6 +25,7 @@
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
 
+import os
 import sys
 import unittest
 
@@ -33,6 +34,8 @@ from tritonclient.utils import *
 
 sys.path.append("../../common")
 from test_util import AsyncTestResultCollector, create_vllm_request
+
+from demo_reference import greedy_stream
 
 PROMPTS = ["The most dangerous animal is"]
 SAMPLING_PARAMETERS = {"temperature": "0", "top_p": "1"}
@@ -49,7 +52,7 @@ class VLLMTritonStreamTest(AsyncTestResultCollector):
         expect_error=False,
     ):
         async with grpcclient.InferenceServerClient(
-            url="localhost:8001"
+            url=os.environ.get("TRITON_GRPC_URL", "localhost:8001")
         ) as triton_client:
             model_name = "vllm_opt"
 
@@ -110,24 +113,7 @@ class VLLMTritonStreamTest(AsyncTestResultCollector):
         Verifying that streaming request returns only generated diffs, which
         is default behaviour for `stream=True`.
         """
-        expected_output = [
-            " the",
-            " one",
-            " that",
-            " is",
-            " most",
-            " likely",
-            " to",
-            " be",
-            " killed",
-            " by",
-            " a",
-            " car",
-            ".",
-            "\n",
-            "I",
-            "'m",
-        ]
+        expected_output = greedy_stream(PROMPTS[0])
         await self._test_vllm_model(expected_output=expected_output)
 
     async def test_vllm_model_enabled_stream_exclude_input_in_output_false(self):

@@ -40,7 +40,7 @@ from test_util import TestResultCollector, UserData, callback, create_vllm_reque
 
 class VLLMTritonMetricsTest(TestResultCollector):
     def setUp(self):
-        self.triton_client = grpcclient.InferenceServerClient(url="localhost:8001")
+        self.triton_client = grpcclient.InferenceServerClient(url=os.environ.get("TRITON_GRPC_URL", "localhost:8001"))
         self.tritonserver_ipaddr = os.environ.get("TRITONSERVER_IPADDR", "localhost")
         self.vllm_model_name = "vllm_opt"
         self.prompts = [
@@ -55,7 +55,7 @@ class VLLMTritonMetricsTest(TestResultCollector):
         """
         Store vllm metrics in a dictionary.
         """
-        r = requests.get(f"http://{self.tritonserver_ipaddr}:8002/metrics")
+        r = requests.get(f"http://{self.tritonserver_ipaddr}:{os.environ.get('TRITON_METRICS_PORT', '8002')}/metrics")
         r.raise_for_status()
 
         # Regular expression to match the pattern

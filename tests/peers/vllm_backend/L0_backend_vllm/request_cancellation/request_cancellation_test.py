@@ -24,6 +24,7 @@
 # (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
+import os
 import sys
 import time
 import unittest
@@ -38,7 +39,7 @@ from test_util import TestResultCollector, UserData, callback, create_vllm_reque
 
 class VLLMRequestCancelTest(TestResultCollector):
     def test_request_cancellation(self, send_parameters_as_tensor=True):
-        with grpcclient.InferenceServerClient(url="localhost:8001") as triton_client:
+        with grpcclient.InferenceServerClient(url=os.environ.get("TRITON_GRPC_URL", "localhost:8001")) as triton_client:
             log_file_path = "./request_cancellation_server.log"
             user_data = UserData()
             model_name = "vllm_opt"

@@ -1,0 +1,244 @@
+"""Run Triton's vLLM-backend CI tests (``ci/`` of triton-inference-server/vllm_backend at
+8de0c14, see README.md) against ``python -m serving.kserve`` with the tiny demo model.
+
+Each ``test.sh`` of those tests builds a model repository, starts ``tritonserver`` with its
+flags, then runs the Python test with its working directory next to the server log. This file
+does the same once per test module: :data:`MODULE_SETUPS` says, per module, which repository
+(built with the platform's packager, ``serving.package.vllm_repository_files``, over the demo
+model) and which tritonserver flags its ``test.sh`` uses, and :func:`start_server` is the one
+place that turns those flags into the CPU engine's command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.demo_model import make_demo_model
+from serving.package import vllm_repository_files
+
+from .runner import PEER_FILES, peer_module
+
+PEERS = Path(__file__).resolve().parent
+ROOT = PEERS.parents[2]
+# The tests do ``sys.path.append("../../common")`` (relative to their own directory, which is
+# where test.sh runs them); under pytest the working directory differs, so put it here.
+sys.path.insert(0, str(PEERS / "common"))
+sys.path.insert(0, str(PEERS))
+
+# Triton's unittest-style files run through the test_*.py wrappers next to them (runner.py);
+# additional_outputs_test.py is pytest-style and collected as it is.
+collect_ignore = list(PEER_FILES.values())
+
+READY = re.compile(r"KSERVE READY http=(\d+) grpc=(\d+) metrics=(\d+)")
+# The sample model.json (samples/model_repository/vllm_model/1/model.json) without "model",
+# which is the demo model here.
+SAMPLE_ENGINE_ARGS = {"gpu_memory_utilization": 0.1, "enforce_eager": True}
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    http: int
+    grpc: int
+    metrics: int
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(repository: Path, log: Path, *, explicit_load: list[str] | None = None) -> Server:
+    """Start the CPU engine as ``tritonserver --model-repository=DIR [--model-control-mode=
+    explicit --load-model=NAME...]`` would start, on free ports; wait for it to be ready.
+
+    Today's ``serving.kserve`` flags; when it takes tritonserver's own, this is the one edit.
+    The ports are free ones (the tests are adapted to read them from the environment), so the
+    suite never collides with anything listening on Triton's defaults."""
+    command = [sys.executable, "-m", "serving.kserve", "--model-repository", str(repository)]
+    command += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    if explicit_load is not None:
+        command += ["--model-control-mode", "explicit"]
+        for name in explicit_load:
+            command += ["--model", name]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if match := READY.search(line):
+            http, grpc, metrics = map(int, match.groups())
+            return Server(proc, http, grpc, metrics, log)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"the server did not start:\n{log.read_text()[-4000:]}")
+
+
+# --- model repositories, as each test.sh builds them --------------------------------------------
+
+
+def add_model(
+    root: Path,
+    name: str,
+    weights: str,
+    *,
+    engine_args: dict | None = None,
+    edit_config: Callable[[mc.ModelConfig], None] | None = None,
+) -> None:
+    """``cp -r samples/model_repository/vllm_model models/<name>`` in the packager's layout."""
+    args = dict(SAMPLE_ENGINE_ARGS if engine_args is None else engine_args)
+    files = vllm_repository_files(name, 1, weights, args)
+    # The sample's model.json has no logits processor; the packager always names the
+    # platform's, which the CPU engine applies only to requests that carry a constraint.
+    for path, content in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    if edit_config is not None:
+        config = mc.ModelConfig()
+        text_format.Parse((root / name / "config.pbtxt").read_text(), config)
+        edit_config(config)
+        (root / name / "config.pbtxt").write_text(text_format.MessageToString(config))
+
+
+def edit_model_json(root: Path, name: str, edit: Callable[[dict], dict]) -> None:
+    path = root / name / "1" / "model.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+@dataclass
+class Setup:
+    """One test.sh: its model repository, its server flags, its server log's name."""
+
+    build: Callable[[Path, str], None]
+    log_name: str
+    explicit_load: list[str] | None = None
+    before_server: Callable[[], None] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def vllm_backend_repository(root: Path, weights: str) -> None:
+    """ci/L0_backend_vllm/vllm_backend/test.sh (add_sub is not built: see README.md)."""
+    add_model(root, "vllm_opt", weights, engine_args={**SAMPLE_ENGINE_ARGS})
+    add_model(root, "vllm_load_test", weights)
+    # sed 's/"enforce_eager"/"invalid_attribute"/'
+    add_model(root, "vllm_invalid_1", weights)
+    edit_model_json(
+        root,
+        "vllm_invalid_1",
+        lambda args: {
+            ("invalid_attribute" if k == "enforce_eager" else k): v for k, v in args.items()
+        },
+    )
+    # sed 's/"facebook\/opt-125m"/"invalid_model"/': the weights path is what names the model.
+    add_model(root, "vllm_invalid_2", "invalid_model")
+    ensemble = root / "ensemble_model"
+    (ensemble / "1").mkdir(parents=True)
+    shutil.copy(
+        PEERS / "L0_backend_vllm/vllm_backend/ensemble_config.pbtxt", ensemble / "config.pbtxt"
+    )
+
+
+def sample_repository(root: Path, weights: str) -> None:
+    add_model(root, "vllm_opt", weights)
+
+
+def accuracy_baselines() -> None:
+    """``accuracy_test.py --generate-baseline`` and ``--generate-structured-baseline``."""
+    module = peer_module("accuracy_test")
+    asyncio.run(module.prepare_vllm_baseline_outputs())  # type: ignore[attr-defined]
+    asyncio.run(
+        module.prepare_vllm_baseline_outputs(  # type: ignore[attr-defined]
+            export_file="vllm_structured_baseline_output.pkl",
+            prompts=module.STRUCTURED_PROMPTS,  # type: ignore[attr-defined]
+            structured_generation=module.StructuredOutputsParams(  # type: ignore[attr-defined]
+                choice=["Positive", "Negative"]
+            ),
+        )
+    )
+
+
+MODULE_SETUPS: dict[str, Setup] = {
+    "test_vllm_backend": Setup(
+        vllm_backend_repository, "vllm_backend_server.log", explicit_load=["vllm_opt"]
+    ),
+    "test_enabled_stream": Setup(sample_repository, "enabled_stream_server.log"),
+    "test_request_cancellation": Setup(sample_repository, "request_cancellation_server.log"),
+    "test_accuracy": Setup(
+        sample_repository, "accuracy_test_server.log", before_server=accuracy_baselines
+    ),
+    "additional_outputs_test": Setup(sample_repository, "additional_outputs_test.server.log"),
+}
+
+
+@pytest.fixture(scope="session")
+def peer_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Room for request_cancellation's 1500 tokens: the request must still be running when the
+    # client cancels it, as it is with opt-125m (2048 positions).
+    return make_demo_model(
+        tmp_path_factory.mktemp("peer-demo") / "weights", max_position_embeddings=2048
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def peer_server(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    peer_demo_model: Path,
+) -> Iterator[Server | None]:
+    """Build the module's repository, start its server and run its tests next to the log."""
+    module_name = request.module.__name__.rsplit(".", 1)[-1]
+    setup = MODULE_SETUPS.get(module_name)
+    if setup is None:
+        yield None
+        return
+    workdir = tmp_path_factory.mktemp(module_name)
+    repository = workdir / "models"
+    repository.mkdir()
+    setup.build(repository, str(peer_demo_model))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        patch.setenv("DEMO_MODEL_DIR", str(peer_demo_model))
+        if setup.before_server is not None:
+            setup.before_server()
+        server = start_server(
+            repository, workdir / setup.log_name, explicit_load=setup.explicit_load
+        )
+        patch.setenv("TRITON_GRPC_URL", f"localhost:{server.grpc}")
+        patch.setenv("TRITON_HTTP_URL", f"localhost:{server.http}")
+        patch.setenv("TRITON_METRICS_PORT", str(server.metrics))
+        try:
+            yield server
+        finally:
+            server.stop()
