@@ -25,7 +25,6 @@
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -33,7 +32,7 @@ import tritonclient.grpc as grpcclient
 
 
 class TestAdditionalOutputs:
-    _grpc_url = os.environ.get("TRITON_GRPC_URL", "localhost:8001")
+    _grpc_url = "localhost:8001"
     _model_name = "vllm_opt"
     _sampling_parameters = {"temperature": "0", "top_p": "1"}
     _prompt = "In this example,"
