@@ -1,4 +1,10 @@
-"""``python -m serving.kserve --model-repository DIR``: load every model, then serve KServe v2.
+"""``python -m serving.kserve --model-repository=DIR [tritonserver flags]``: the CPU engine.
+
+It loads the repository's models (all, or with ``--model-control-mode=explicit`` only those
+named by ``--load-model``), then serves KServe v2 over HTTP and gRPC and Triton-style metrics,
+and prints ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` (ports may be given as 0).
+Its command line is tritonserver's (see :mod:`serving.kserve.cli`), so the instance supervisor
+starts it exactly as it starts ``tritonserver``.
 
 Exit status: 0 after a clean drain; 2 when the repository is unusable; 1 when a model fails to
 load. In both failure cases no port was ever opened.
@@ -6,14 +12,13 @@ load. In both failure cases no port was ever opened.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 from types import FrameType
 
+from serving.kserve.cli import LOG_DATE_FORMATS, ServerOptions, parse_options
 from serving.kserve.repository import RepositoryError, read_repository
 from serving.kserve.server import load_repository, repository_configs, serve_kserve
 
@@ -28,36 +33,33 @@ def _stop_loading(signum: int, frame: FrameType | None) -> None:
     raise _StopRequested(signal.Signals(signum).name)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m serving.kserve", description=__doc__)
-    parser.add_argument("--model-repository", required=True, type=Path)
-    parser.add_argument(
-        "--model", action="append", default=None, help="serve only this model (repeatable)"
+def configure_logging(options: ServerOptions) -> None:
+    handler: logging.Handler = (
+        logging.FileHandler(options.log_file) if options.log_file else logging.StreamHandler()
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--drain-timeout", type=float, default=30.0)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    for name in ("http_port", "grpc_port", "metrics_port"):
-        if not 0 <= getattr(args, name) <= 65535:
-            parser.error(f"--{name.replace('_', '-')} must be a port number (0-65535)")
-    if args.drain_timeout < 0:
-        parser.error("--drain-timeout must be >= 0")
-    return args
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt=LOG_DATE_FORMATS[options.log_format],
+        )
+    )
+    logging.basicConfig(level=min(options.log_level, logging.CRITICAL), handlers=[handler])
+    if options.log_level > logging.CRITICAL:
+        logging.disable(logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    options = parse_options(argv)
+    configure_logging(options)
+    if options.backend_directory is not None:
+        logger.info(
+            "--backend-directory=%s: the CPU engine's backend is built in",
+            options.backend_directory,
+        )
+    for backend, setting, value in options.backend_config:
+        logger.info("backend config %s: {%r: %r}", backend, setting, value)
     try:
-        entries = read_repository(args.model_repository, args.model)
+        entries = read_repository(options.model_repository, options.models_to_load())
     except RepositoryError as exc:
         logger.error("model repository refused, not serving: %s", exc)
         return 2
@@ -81,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(
             serve_kserve(
                 engines,
-                host=args.host,
-                http_port=args.http_port,
-                grpc_port=args.grpc_port,
-                metrics_port=args.metrics_port,
+                host=options.http_address,
+                http_port=options.http_port,
+                grpc_host=options.grpc_address,
+                grpc_port=options.grpc_port,
+                metrics_host=options.metrics_address,
+                metrics_port=options.metrics_port,
                 ready_callback=ready,
-                drain_timeout=args.drain_timeout,
+                drain_timeout=options.exit_timeout_secs,
                 configs=repository_configs(entries),
             )
         )

@@ -94,6 +94,8 @@ async def serve_kserve(
     http_port: int = 8000,
     grpc_port: int = 8001,
     metrics_port: int = 8002,
+    grpc_host: str | None = None,
+    metrics_host: str | None = None,
     ready_callback: Callable[[int, int, int], Any] | None = None,
     drain_timeout: float = 30.0,
     configs: dict[str, mc.ModelConfig] | None = None,
@@ -101,8 +103,9 @@ async def serve_kserve(
 ) -> None:
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
-    Ports may be 0 (any free port); ``ready_callback(http, grpc, metrics)`` receives the bound
-    ports once everything listens. The engines are shut down on return."""
+    ``host`` is the HTTP address and, unless ``grpc_host``/``metrics_host`` say otherwise, the
+    others' too. Ports may be 0 (any free port); ``ready_callback(http, grpc, metrics)`` receives
+    the bound ports once everything listens. The engines are shut down on return."""
     not_ready = [e.name for e in engines if not e.ready]
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
@@ -121,9 +124,9 @@ async def serve_kserve(
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        http_sock, metrics_sock = _bind(host, http_port), _bind(host, metrics_port)
+        http_sock, metrics_sock = _bind(host, http_port), _bind(metrics_host or host, metrics_port)
         sockets += [http_sock, metrics_sock]
-        grpc_server, grpc_bound = await start_grpc_server(service, host, grpc_port)
+        grpc_server, grpc_bound = await start_grpc_server(service, grpc_host or host, grpc_port)
         for app, sock in ((build_app(service), http_sock), (metrics_app(service), metrics_sock)):
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             servers.append(_Uvicorn(config))
