@@ -28,12 +28,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.engine.core import Engine, load_engine
 from serving.engine.model import read_engine_config
-from serving.engine.stats import EngineStats
+from serving.engine.stats import EngineStats, FanOutStats
 from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
 from serving.kserve.repository import ModelEntry
 from serving.kserve.service import InferenceService
 from serving.kserve.triton_metrics import render
+from serving.metrics import triton_vllm
+from serving.metrics.triton_vllm import TritonVllmMetrics
 
 logger = logging.getLogger("serving.kserve")
 
@@ -56,9 +58,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def metrics_app(service: InferenceService) -> Starlette:
+def metrics_app(
+    service: InferenceService, bridged: list[TritonVllmMetrics] | None = None
+) -> Starlette:
+    """Triton's metrics port: the ``nv_*`` families, then the ``vllm:`` families Triton's vLLM
+    backend bridges for the models that report them (``bridged``)."""
+    bridged = bridged or []
+
     async def metrics(request: Request) -> Response:
-        return Response(render(service.stats), media_type=PROMETHEUS_CONTENT_TYPE)
+        text = render(service.stats) + triton_vllm.render(bridged)
+        return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 
@@ -76,15 +85,43 @@ def engine_stats(model_name: str, max_model_len: int | None = None) -> EngineSta
     return stats
 
 
+def reports_custom_metrics(config: mc.ModelConfig) -> bool:
+    """Triton's vLLM backend rule (``model.py``, ``_get_bool_config_param``): the parameter
+    ``REPORT_CUSTOM_METRICS`` present with a ``string_value`` of ``"true"``, in any case."""
+    if "REPORT_CUSTOM_METRICS" not in config.parameters:
+        return False
+    return config.parameters["REPORT_CUSTOM_METRICS"].string_value.lower() == "true"
+
+
 def load_repository(entries: list[ModelEntry]) -> list[Engine]:
-    """Load every model (slow: weights are read); raises on the first that fails."""
+    """Load every model (slow: weights are read); raises on the first that fails.
+
+    A model bridges the ``vllm:`` families onto the metrics port as Triton's vLLM backend does:
+    when its ``config.pbtxt`` sets ``REPORT_CUSTOM_METRICS`` and its ``model.json`` does not
+    set ``disable_log_stats``. Those families' token buckets follow the loaded engine's
+    ``max_model_len`` (vLLM's ``model_config.max_model_len``), so they join after loading."""
     engines = []
     for entry in entries:
         logger.info("loading model %s version %s", entry.name, entry.version)
-        limit = read_engine_config(entry.version_dir).max_model_len
-        stats = engine_stats(entry.name, limit)
-        engines.append(load_engine(entry.version_dir, name=entry.name, stats=stats))
+        engine_config = read_engine_config(entry.version_dir)
+        stats = FanOutStats()
+        multiprocess = engine_stats(entry.name, engine_config.max_model_len)
+        if multiprocess is not None:
+            stats.add(multiprocess)
+        engine = load_engine(entry.version_dir, name=entry.name, stats=stats)
+        if reports_custom_metrics(entry.config) and not engine_config.disable_log_stats:
+            stats.add(TritonVllmMetrics(engine.name, engine.version, engine.max_model_len))
+        engines.append(engine)
     return engines
+
+
+def bridged_metrics(engines: list[Engine]) -> list[TritonVllmMetrics]:
+    """The bridged families each engine feeds (see :func:`load_repository`)."""
+    found = []
+    for engine in engines:
+        sinks = engine.stats.sinks if isinstance(engine.stats, FanOutStats) else (engine.stats,)
+        found += [sink for sink in sinks if isinstance(sink, TritonVllmMetrics)]
+    return found
 
 
 async def serve_kserve(
@@ -110,6 +147,7 @@ async def serve_kserve(
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
     service = InferenceService(engines, configs)
+    bridged = bridged_metrics(engines)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
@@ -127,7 +165,10 @@ async def serve_kserve(
         http_sock, metrics_sock = _bind(host, http_port), _bind(metrics_host or host, metrics_port)
         sockets += [http_sock, metrics_sock]
         grpc_server, grpc_bound = await start_grpc_server(service, grpc_host or host, grpc_port)
-        for app, sock in ((build_app(service), http_sock), (metrics_app(service), metrics_sock)):
+        for app, sock in (
+            (build_app(service), http_sock),
+            (metrics_app(service, bridged), metrics_sock),
+        ):
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             servers.append(_Uvicorn(config))
             tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
