@@ -91,9 +91,42 @@ def test_engine_args_outside_the_release_allow_list_are_refused(release):
 def test_platform_owned_engine_args_are_refused(release):
     errors = errors_of(validate_engine_args, {"model": "/tmp/m", "tokenizer": "/tmp/t"}, release)
     assert errors["engine_args"] == [
-        "model, tokenizer: set by the platform from the artifact source and the model cache; "
-        "leave them out."
+        "model, tokenizer: set by the platform from the artifact source, the model cache and "
+        "the constraint processor; leave them out."
     ]
+
+
+def test_logits_processors_are_the_platforms(release):
+    """The packager writes its own constraint processor there; an author's would be lost."""
+    errors = errors_of(validate_engine_args, {"logits_processors": ["a.b:C"]}, release)
+    assert errors["engine_args"][0].startswith("logits_processors: set by the platform")
+
+
+def test_the_seeded_release_no_longer_allows_swap_space(release):
+    """vLLM 0.24.0's AsyncEngineArgs has no swap_space: every model setting it failed to load."""
+    assert "swap_space" not in release.allowed_engine_args
+    errors = errors_of(validate_engine_args, {"swap_space": 4}, release)
+    assert errors["engine_args"] == [
+        "swap_space: removed from vLLM (the V1 engine has no CPU swap space): AsyncEngineArgs "
+        "has no such field and the engine fails to start; leave it out."
+    ]
+
+
+def test_a_name_an_old_release_still_allows_is_refused_when_vllm_lacks_it(release):
+    """A release saved before allow-lists were checked may name a field vLLM does not have."""
+    release.allowed_engine_args = [*release.allowed_engine_args, "num_scheduler_steps"]
+    errors = errors_of(validate_engine_args, {"num_scheduler_steps": 8}, release)
+    assert errors["engine_args"][0].startswith(
+        "num_scheduler_steps: vLLM 0.24.0's AsyncEngineArgs has no such field"
+    )
+
+
+def test_a_release_pinning_an_unchecked_vllm_refuses_engine_args(release):
+    release.vllm_version = "0.26.0"
+    errors = errors_of(validate_engine_args, {"dtype": "auto"}, release)
+    assert "pins vLLM 0.26.0, whose engine arguments this portal cannot check" in (
+        errors["engine_args"][0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -105,11 +138,39 @@ def test_platform_owned_engine_args_are_refused(release):
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization: must be in (0, 1]"),
         ({"dtype": "fp8"}, "dtype: must be one of"),
         ({"max_num_seqs": 0}, "max_num_seqs: must be at least 1"),
+        ({"max_model_len": None}, "max_model_len: must be int, got null"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs: must be int or null, got float"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization: must be in (0, 1], got 0"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization: must be float or int, got"),
+        ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype: must be one of auto, bfloat16, float16"),
+        ({"quantization": "gguf"}, "quantization: must be one of auto_awq, auto_gptq, awq,"),
+        ({"block_size": 0}, "block_size: must be at least 1, got 0"),
+        ({"max_logprobs": -1}, "max_logprobs: must be at least 0, got -1"),
+        ({"generation_config": "/etc"}, "generation_config: must be one of auto, vllm"),
     ],
 )
 def test_engine_arg_types_and_ranges(release, args, fragment):
     errors = errors_of(validate_engine_args, args, release)
     assert any(fragment in message for message in errors["engine_args"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"max_num_seqs": None, "quantization": None, "enable_prefix_caching": None},
+        {"gpu_memory_utilization": 1, "kv_cache_dtype": "fp8_e5m2", "quantization": "awq"},
+        {"max_logprobs": 0, "seed": -3, "generation_config": "vllm", "revision": "main"},
+    ],
+)
+def test_values_vllm_accepts_pass(release, args):
+    validate_engine_args(args, release)
+
+
+def test_every_bad_engine_arg_is_reported_at_once(release):
+    args = {"dtype": "fp8", "block_size": 0, "turbo": 1}
+    messages = errors_of(validate_engine_args, args, release)["engine_args"]
+    assert [m.split(":")[0] for m in messages] == ["Unknown or not allowed engine argument(s)",
+                                                   "dtype", "block_size"]  # fmt: skip
 
 
 def test_engine_args_must_be_an_object(release):
