@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
-from portal.registry.models import ApiSurface, Backend
+from portal.registry.models import ApiSurface, Backend, PlatformRelease
 from portal.registry.validation import (
     find_version_overrides,
     validate_artifact_uri,
@@ -124,8 +124,9 @@ def test_a_name_an_old_release_still_allows_is_refused_when_vllm_lacks_it(releas
 def test_a_release_pinning_an_unchecked_vllm_refuses_engine_args(release):
     release.vllm_version = "0.26.0"
     errors = errors_of(validate_engine_args, {"dtype": "auto"}, release)
-    assert "pins vLLM 0.26.0, whose engine arguments this portal cannot check" in (
-        errors["engine_args"][0]
+    assert (
+        "pins vLLM 0.26.0, whose engine arguments this portal cannot check"
+        in (errors["engine_args"][0])
     )
 
 
@@ -388,3 +389,55 @@ def test_disable_log_requests_trap_is_explained(release):
         "disable_log_requests: removed from vLLM (deprecated in 0.10.2, gone in 0.12) and makes "
         "the engine fail to start; use enable_log_requests instead."
     ]
+
+
+# --- a release's allow-list -------------------------------------------------------------------
+
+
+def new_release(**fields) -> PlatformRelease:
+    defaults = {
+        "name": "triton-26.08",
+        "triton_image": "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3",
+        "vllm_version": "0.24.0",
+        "allowed_engine_args": ["dtype", "max_model_len"],
+    }
+    return PlatformRelease(**{**defaults, **fields})
+
+
+def test_a_release_allowing_checked_vllm_fields_is_clean():
+    new_release().full_clean()
+
+
+@pytest.mark.parametrize(
+    ("allowed", "message"),
+    [
+        (
+            ["dtype", "swap_space"],
+            "swap_space: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM "
+            "backend would fail to load every model that sets it.",
+        ),
+        (
+            ["turbo"],
+            "turbo: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM backend "
+            "would fail to load every model that sets it.",
+        ),
+        (["model"], "model: set by the platform in model.json; it cannot be allowed."),
+        (
+            ["cpu_offload_gb"],
+            "cpu_offload_gb: a vLLM 0.24.0 engine argument whose values the platform does not "
+            "check yet; add it to portal/registry/engine_args.py first.",
+        ),
+        (["dtype", "dtype"], "dtype: listed more than once."),
+        ("dtype", "Must be a list of engine-argument names."),
+    ],
+)
+def test_a_release_allowing_what_the_pinned_vllm_lacks_is_refused(allowed, message):
+    errors = errors_of(new_release(allowed_engine_args=allowed).full_clean)
+    assert errors["allowed_engine_args"] == [message]
+
+
+def test_a_release_pinning_a_vllm_without_a_checked_table_is_refused():
+    errors = errors_of(new_release(vllm_version="0.26.0").full_clean)
+    assert errors["allowed_engine_args"][0].startswith(
+        "vLLM 0.26.0 has no checked engine-argument table in this portal"
+    )

@@ -226,10 +226,9 @@ def unusable_engine_arg_errors(names: Iterable[str]) -> list[str]:
     errors = []
     for name in names:
         if name not in VLLM_ENGINE_FIELDS:
-            why = REMOVED_ENGINE_ARGS.get(name, "not an engine argument of that vLLM.")
             errors.append(
                 f"{name}: vLLM {PINNED_VLLM_VERSION}'s AsyncEngineArgs has no such field, so "
-                f"Triton's vLLM backend would fail to load every model that sets it ({why})"
+                "Triton's vLLM backend would fail to load every model that sets it."
             )
         elif name in PLATFORM_OWNED_ENGINE_ARGS:
             errors.append(f"{name}: set by the platform in model.json; it cannot be allowed.")
