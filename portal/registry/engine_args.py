@@ -115,8 +115,13 @@ class EngineArg:
     nullable: bool = False
     choices: frozenset[str] | None = None
     minimum: int | None = None
+    #: An interval (greater_than, maximum], such as (0, 1]: the two come as a pair.
     greater_than: float | None = None
     maximum: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.greater_than is None) != (self.maximum is None):
+            raise ValueError("greater_than and maximum bound an interval together")
 
 
 _INT_AT_LEAST_1 = EngineArg((int,), minimum=1)
@@ -191,11 +196,15 @@ def engine_arg_errors(name: str, value: Any) -> list[str]:
         return [f"{name}: must be {_type_names(arg)}, got {type(value).__name__}."]
     if arg.choices is not None and value not in arg.choices:
         return [f"{name}: must be one of {', '.join(sorted(arg.choices))}, got {value!r}."]
+    return _range_errors(name, arg, value)
+
+
+def _range_errors(name: str, arg: EngineArg, value: Any) -> list[str]:
+    if arg.minimum is not None and value < arg.minimum:
+        return [f"{name}: must be at least {arg.minimum}, got {value}."]
     low, high = arg.greater_than, arg.maximum
     if low is not None and high is not None and not low < value <= high:
         return [f"{name}: must be in ({low:g}, {high:g}], got {value}."]
-    if arg.minimum is not None and value < arg.minimum:
-        return [f"{name}: must be at least {arg.minimum}, got {value}."]
     return []
 
 
