@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from portal.registry.models import ApiSurface, Backend, PlatformRelease
@@ -441,3 +444,22 @@ def test_a_release_pinning_a_vllm_without_a_checked_table_is_refused():
     assert errors["allowed_engine_args"][0].startswith(
         "vLLM 0.26.0 has no checked engine-argument table in this portal"
     )
+
+
+def test_the_admin_release_form_shows_the_refusal_next_to_the_allow_list(rf):
+    """The admin form runs the model's clean(): the operator sees why, on the field."""
+    admin_class = admin.site._registry[PlatformRelease]
+    form_class = admin_class.get_form(rf.get("/"), None)
+    data = {
+        "name": "triton-26.08",
+        "triton_image": "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3",
+        "vllm_version": "0.24.0",
+        "allowed_engine_args": json.dumps(["dtype", "swap_space"]),
+    }
+    form = form_class(data=data)
+    assert not form.is_valid()
+    assert form.errors["allowed_engine_args"] == [
+        "swap_space: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM backend "
+        "would fail to load every model that sets it."
+    ]
+    assert form_class(data={**data, "allowed_engine_args": '["dtype"]'}).is_valid()
