@@ -10,8 +10,8 @@ Two engines stand behind one interface:
 The supervisor builds a single tritonserver command line (:func:`tritonserver_args`) and only
 the executable differs (:func:`engine_executable`), so the code path a GPU pod runs — flags,
 readiness over ``/v2/health/ready``, drain through ``--exit-timeout-secs`` — is the one every
-test runs. ``TRITONSERVER_BIN`` overrides the executable (a path, or a command line split by
-shell rules), e.g. to run the CPU engine under the ``tritonserver`` engine's settings.
+test runs. ``TRITONSERVER_BIN`` says where tritonserver is (a path, or a command line split
+by shell rules); tests point it at a script that runs the CPU engine with the same argv.
 """
 
 from __future__ import annotations
@@ -51,12 +51,10 @@ def engine_for_gpus(gpus: int) -> str:
 
 
 def engine_executable(engine: str) -> list[str]:
-    """The argv prefix that starts ``engine``; ``$TRITONSERVER_BIN`` wins when set."""
-    override = os.environ.get(TRITONSERVER_BIN_ENV)
-    if override:
-        return shlex.split(override)
+    """The argv prefix that starts ``engine``; ``$TRITONSERVER_BIN`` says where tritonserver
+    is (the CPU engine is always this Python's ``-m serving.kserve``)."""
     if engine == "tritonserver":
-        return [TRITONSERVER_DEFAULT_BIN]
+        return shlex.split(os.environ.get(TRITONSERVER_BIN_ENV) or TRITONSERVER_DEFAULT_BIN)
     if engine == "cpu":
         return [sys.executable, "-m", "serving.kserve"]
     raise ValueError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")

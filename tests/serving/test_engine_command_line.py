@@ -94,7 +94,7 @@ def test_the_command_line_is_the_same_for_both_engines_but_the_executable(monkey
     assert engine_executable("cpu") == [sys.executable, "-m", "serving.kserve"]
     monkeypatch.setenv("TRITONSERVER_BIN", "/opt/bin/my tritonserver --flag")
     assert engine_executable("tritonserver") == shlex.split("/opt/bin/my tritonserver --flag")
-    assert engine_executable("cpu") == engine_executable("tritonserver")
+    assert engine_executable("cpu") == [sys.executable, "-m", "serving.kserve"]
     with pytest.raises(ValueError, match="unknown engine"):
         monkeypatch.delenv("TRITONSERVER_BIN")
         engine_executable("onnx")
