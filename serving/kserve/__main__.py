@@ -2,7 +2,8 @@
 
 It loads the repository's models (all, or with ``--model-control-mode=explicit`` only those
 named by ``--load-model``), then serves KServe v2 over HTTP and gRPC and Triton-style metrics,
-and prints ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` (ports may be given as 0).
+and prints ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` (ports may be given as 0;
+``metrics=0`` when ``--allow-metrics=false`` left the metrics port closed).
 Its command line is tritonserver's (see :mod:`serving.kserve.cli`), so the instance supervisor
 starts it exactly as it starts ``tritonserver``.
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 grpc_host=options.grpc_address,
                 grpc_port=options.grpc_port,
                 metrics_host=options.metrics_address,
-                metrics_port=options.metrics_port,
+                metrics_port=options.metrics_port if options.allow_metrics else None,
                 ready_callback=ready,
                 drain_timeout=options.exit_timeout_secs,
                 configs=repository_configs(entries),

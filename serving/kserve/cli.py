@@ -77,6 +77,7 @@ class ServerOptions:
     grpc_port: int = 8001
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    allow_metrics: bool = True
     allow_gpu_metrics: bool = True
     model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()
@@ -134,7 +135,6 @@ def _parser() -> argparse.ArgumentParser:
 REQUIRED_TRUE = {
     "allow_http": "the CPU engine always serves HTTP (the supervisor checks readiness over it)",
     "allow_grpc": "the CPU engine always serves gRPC",
-    "allow_metrics": "the CPU engine always serves its metrics port",
     "strict_readiness": "the CPU engine opens its ports only once every model is ready",
     "exit_on_error": "the CPU engine stops when a model fails to load at start",
 }
@@ -172,6 +172,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         grpc_port=args.grpc_port,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        allow_metrics=args.allow_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_models),

@@ -130,7 +130,7 @@ async def serve_kserve(
     host: str = "127.0.0.1",
     http_port: int = 8000,
     grpc_port: int = 8001,
-    metrics_port: int = 8002,
+    metrics_port: int | None = 8002,
     grpc_host: str | None = None,
     metrics_host: str | None = None,
     ready_callback: Callable[[int, int, int], Any] | None = None,
@@ -141,8 +141,10 @@ async def serve_kserve(
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
     ``host`` is the HTTP address and, unless ``grpc_host``/``metrics_host`` say otherwise, the
-    others' too. Ports may be 0 (any free port); ``ready_callback(http, grpc, metrics)`` receives
-    the bound ports once everything listens. The engines are shut down on return."""
+    others' too. Ports may be 0 (any free port); ``metrics_port=None`` opens no metrics port
+    (tritonserver's ``--allow-metrics=false``; reported as 0). ``ready_callback(http, grpc,
+    metrics)`` receives the bound ports once everything listens. The engines are shut down on
+    return."""
     not_ready = [e.name for e in engines if not e.ready]
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
@@ -162,13 +164,15 @@ async def serve_kserve(
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        http_sock, metrics_sock = _bind(host, http_port), _bind(metrics_host or host, metrics_port)
-        sockets += [http_sock, metrics_sock]
+        http_sock = _bind(host, http_port)
+        sockets.append(http_sock)
+        apps = [(build_app(service), http_sock)]
+        if metrics_port is not None:
+            metrics_sock = _bind(metrics_host or host, metrics_port)
+            sockets.append(metrics_sock)
+            apps.append((metrics_app(service, bridged), metrics_sock))
         grpc_server, grpc_bound = await start_grpc_server(service, grpc_host or host, grpc_port)
-        for app, sock in (
-            (build_app(service), http_sock),
-            (metrics_app(service, bridged), metrics_sock),
-        ):
+        for app, sock in apps:
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             servers.append(_Uvicorn(config))
             tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
@@ -177,7 +181,8 @@ async def serve_kserve(
             if failed:
                 raise RuntimeError("an HTTP server failed to start") from failed[0].exception()
             await asyncio.sleep(0.01)
-        ports = (http_sock.getsockname()[1], grpc_bound, metrics_sock.getsockname()[1])
+        bound_metrics = metrics_sock.getsockname()[1] if metrics_port is not None else 0
+        ports = (http_sock.getsockname()[1], grpc_bound, bound_metrics)
         logger.info("serving %s: http=%d grpc=%d metrics=%d", sorted(service.models), *ports)
         if ready_callback is not None:
             ready_callback(*ports)

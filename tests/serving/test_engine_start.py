@@ -13,6 +13,7 @@ import pytest
 
 from serving.instance.engines import EnginePorts, tritonserver_args
 from serving.instance.supervisor import ManifestError, check_manifest
+from tests.ports import free_port
 from tests.serving.conftest import MODEL_NAME, write_repository
 from tests.serving.instance_helpers import Instance, build_package
 from tests.serving.kserve_helpers import start_kserve
@@ -72,14 +73,25 @@ def test_the_tritonserver_engine_runs_its_command_line_and_is_ready_by_health(
         assert instance.stop() == 0, instance.log()
 
 
-def test_explicit_model_control_loads_only_the_named_model(tmp_path, demo_model_dir):
+def test_explicit_model_control_loads_only_the_named_model_and_metrics_can_be_off(
+    tmp_path, demo_model_dir
+):
     repository = write_repository(tmp_path / "repo", demo_model_dir)
     broken = write_repository(tmp_path / "repo", demo_model_dir, name="other") / "other"
     (broken / "config.pbtxt").write_text('backend: "python"\n')  # would refuse the start
+    metrics_port = free_port()
     server = start_kserve(
-        repository, tmp_path, "--model-control-mode=explicit", f"--load-model={MODEL_NAME}"
+        repository,
+        tmp_path,
+        "--model-control-mode=explicit",
+        f"--load-model={MODEL_NAME}",
+        "--allow-metrics=false",
+        f"--metrics-port={metrics_port}",
     )
     try:
+        assert server.metrics == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
         base = f"http://127.0.0.1:{server.http}"
         assert httpx.get(f"{base}/v2/health/ready").status_code == 200
         assert httpx.get(f"{base}/v2/models/{MODEL_NAME}/ready").status_code == 200
