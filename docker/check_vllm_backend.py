@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fail a serving-image build when Triton's vLLM backend cannot import against the installed vLLM.
+"""Fail a serving-image build when Triton's vLLM backend, or the logits processors our packages
+name, cannot import against the installed vLLM.
 
 Triton's vllm backend is Python code compiled against one vLLM API surface; when the pair
 drifts it fails at load time (Triton 25.09's backend imports ``vllm.engine.metrics``, which
@@ -7,13 +8,20 @@ newer vLLM removed). The backend itself cannot be imported outside a running Tri
 ``triton_python_backend_utils``), so this reads its source instead: every ``import vllm...`` and
 ``from vllm... import name`` in the backend must resolve in the installed vLLM.
 
-Usage: check_vllm_backend.py /opt/tritonserver/backends/vllm
+The packager writes the constraint processor into every model.json's ``logits_processors``
+list by qualified name (``module:Class``); vLLM imports it only when the engine starts, so a
+name that does not resolve would fail every model load on a GPU. ``--model-json`` loads each
+name the way vLLM 0.24.0 does (split on ":", import, walk the dotted class name, require a
+subclass of vLLM's ``LogitsProcessor``).
+
+Usage: check_vllm_backend.py /opt/tritonserver/backends/vllm | --model-json model.json
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -52,7 +60,55 @@ def unresolved(imports: list[tuple[str, str, str | None]]) -> list[str]:
     return problems
 
 
+def logits_processor_problems(model_json: dict) -> list[str]:
+    """Why each ``logits_processors`` entry of ``model_json`` would not load in vLLM (none: ok)."""
+    names = model_json.get("logits_processors")
+    if not isinstance(names, list) or not names:
+        return ["model.json names no logits_processors: the constraint processor would not run"]
+    try:
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+    except ImportError as exc:
+        return [f"vLLM's LogitsProcessor interface does not import: {exc}"]
+    problems = []
+    for name in names:
+        try:
+            cls = _load_qualified_class(name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            problems.append(f"logits processor {name!r}: {exc}")
+            continue
+        if not issubclass(cls, LogitsProcessor):
+            problems.append(
+                f"logits processor {name!r}: {cls.__qualname__} is not a subclass of vLLM's "
+                "LogitsProcessor"
+            )
+    return problems
+
+
+def _load_qualified_class(name: object) -> type:
+    if not isinstance(name, str) or name.count(":") != 1:
+        raise ValueError("must be a qualified name 'package.module:Class'")
+    module_name, qualname = name.split(":")
+    obj: object = importlib.import_module(module_name)
+    for attr in qualname.split("."):
+        obj = getattr(obj, attr)
+    if not isinstance(obj, type):
+        raise ValueError(f"{qualname} is not a class")
+    return obj
+
+
+def check_model_json(path: Path) -> int:
+    problems = logits_processor_problems(json.loads(path.read_text()))
+    for problem in problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"ok: the logits processors {path} names load against vLLM")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--model-json" and Path(argv[2]).is_file():
+        return check_model_json(Path(argv[2]))
     if len(argv) != 2 or not Path(argv[1]).is_dir():
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2

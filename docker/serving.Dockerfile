@@ -38,7 +38,18 @@ RUN python3 -c "from importlib.metadata import entry_points; \
     eps = {e.name: e for e in entry_points(group='vllm.logits_processors')}; \
     cls = eps['constraint'].load(); print('constraint logits processor:', cls.__module__, cls.__name__)"
 
-ENV PLATFORM_RELEASE_TRITON=${TRITON_TAG} PLATFORM_RELEASE_VLLM=${VLLM_VERSION}
-EXPOSE 8000 8001 8002
-# No entry point yet: serving.instance starts the CPU engine (serving.kserve) only; starting
-# tritonserver as the engine of an instance is not built (docs/architecture.md).
+# vLLM imports the processors a model.json names only when the model loads: fail the build if
+# the ones the packager writes (by qualified name) do not load against this vLLM.
+RUN python3 -c "import sys; from serving.package import vllm_repository_files as files; \
+    sys.stdout.buffer.write(files('m', 1, '/weights', {})['m/1/model.json'])" > /tmp/model.json \
+    && python3 /opt/platform/check_vllm_backend.py --model-json /tmp/model.json \
+    && rm /tmp/model.json
+
+# The instance supervisor starts the image's own tritonserver as the engine (the same command
+# line the CPU engine takes in tests; serving/instance/engines.py), on the vLLM or Python
+# backend. Pods name --engine explicitly; this default covers a plain `docker run`.
+ENV PLATFORM_RELEASE_TRITON=${TRITON_TAG} PLATFORM_RELEASE_VLLM=${VLLM_VERSION} \
+    SERVING_ENGINE=tritonserver TRITONSERVER_BIN=/opt/tritonserver/bin/tritonserver
+RUN test -x "$TRITONSERVER_BIN" || (echo "no tritonserver at $TRITONSERVER_BIN" >&2; exit 1)
+EXPOSE 8000 8001 8002 9000
+ENTRYPOINT ["python3", "-m", "serving.instance"]

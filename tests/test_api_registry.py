@@ -239,6 +239,10 @@ def test_bad_artifact_uris(client, model, release, artifact_root, uri, needle):
         ({"enforce_eager": 1}, ["enforce_eager: must be bool, got int."]),
         ({"gpu_memory_utilization": 1.5}, ["gpu_memory_utilization: must be in (0, 1]"]),
         ({"dtype": "int3"}, ["dtype: must be one of"]),
+        # vLLM 0.24.0's AsyncEngineArgs has no swap_space: Triton's backend would not load it.
+        ({"swap_space": 4}, ["swap_space: removed from vLLM", "AsyncEngineArgs has no such field"]),
+        ({"kv_cache_dtype": "fp4"}, ["kv_cache_dtype: must be one of"]),
+        ({"quantization": "no-such-method"}, ["quantization: must be one of"]),
         ([["dtype", "auto"]], ["Must be a JSON object"]),
     ],
 )

@@ -1,10 +1,19 @@
-"""The serving image's build-time check, against a stand-in backend and a stand-in vLLM."""
+"""The serving image's build-time check: its backend-import half against a stand-in backend and
+a stand-in vLLM, its logits-processor half against the installed vLLM 0.24.0."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from serving.constraints import LOGITS_PROCESSOR
+from serving.package import vllm_repository_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docker" / "check_vllm_backend.py"
@@ -66,3 +75,64 @@ def test_a_directory_without_vllm_imports_is_not_taken_for_the_backend(tmp_path)
     result = run_check(tmp_path / "site", tmp_path / "empty")
     assert result.returncode == 1
     assert "no vLLM imports" in result.stderr
+
+
+# --- the logits processors model.json names, against the installed vLLM 0.24.0 ----------------
+
+
+def load_check_module():
+    spec = importlib.util.spec_from_file_location("check_vllm_backend", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def packaged_model_json() -> dict:
+    files = vllm_repository_files("team--model", 1, "/weights", {"dtype": "half"})
+    return json.loads(files["team--model/1/model.json"])
+
+
+def test_the_packaged_constraint_processor_loads_against_vllm():
+    pytest.importorskip("vllm", reason="vLLM is installed --no-deps in the dev environment")
+    model_json = packaged_model_json()
+    assert model_json["logits_processors"] == [LOGITS_PROCESSOR]
+    assert load_check_module().logits_processor_problems(model_json) == []
+
+
+@pytest.mark.parametrize(
+    ("names", "problem"),
+    [
+        (
+            ["serving.constraints.no_such_module:ConstraintLogitsProcessor"],
+            "No module named 'serving.constraints.no_such_module'",
+        ),
+        (["serving.constraints.vllm_v1:NoSuchClass"], "has no attribute 'NoSuchClass'"),
+        (
+            ["serving.constraints.vllm_v1.ConstraintLogitsProcessor"],
+            "must be a qualified name 'package.module:Class'",
+        ),
+        (["json:dumps"], "dumps is not a class"),
+        (["json:JSONDecoder"], "JSONDecoder is not a subclass of vLLM's LogitsProcessor"),
+        ([], "names no logits_processors"),
+    ],
+)
+def test_a_logits_processor_vllm_could_not_load_is_named(names, problem):
+    pytest.importorskip("vllm", reason="vLLM is installed --no-deps in the dev environment")
+    problems = load_check_module().logits_processor_problems({"logits_processors": names})
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_model_json_mode_fails_the_build_on_a_bad_processor(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is installed --no-deps in the dev environment")
+    path = tmp_path / "model.json"
+    path.write_text(
+        json.dumps({**packaged_model_json(), "logits_processors": ["json:JSONDecoder"]})
+    )
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model-json", str(path)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert f"{path}: logits processor 'json:JSONDecoder'" in result.stderr

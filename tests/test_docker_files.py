@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
+def dockerfile_instructions(name: str = "Dockerfile") -> list[tuple[str, str]]:
     """``(INSTRUCTION, arguments)`` pairs, with continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
-    for raw in (DOCKER / "Dockerfile").read_text().splitlines():
+    for raw in (DOCKER / name).read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -133,6 +133,48 @@ def test_dockerignore_keeps_what_the_build_needs():
     needed = {"pyproject.toml", "README.md", "manage.py", "portal", "serving", "templates"}
     assert not needed & lines
     assert "static" not in lines
+
+
+# --- serving.Dockerfile (the GPU serving image) ------------------------------------------------
+
+
+def serving_build_checks() -> list[str]:
+    runs = [args for kw, args in dockerfile_instructions("serving.Dockerfile") if kw == "RUN"]
+    return [run for run in runs if "check_vllm_backend.py" in run]
+
+
+def test_serving_image_checks_the_backend_and_the_packaged_logits_processors():
+    checks = serving_build_checks()
+    assert any(
+        run.endswith("check_vllm_backend.py /opt/tritonserver/backends/vllm") for run in checks
+    )
+    assert sum("--model-json" in run for run in checks) == 1
+
+
+def test_serving_image_logits_processor_check_passes_as_at_build_time(tmp_path):
+    """The build step, run here against the installed vLLM 0.24.0 and this checkout's serving
+    package: only the image's paths and its python3 are swapped for local ones."""
+    pytest.importorskip("vllm", reason="vLLM is installed --no-deps in the dev environment")
+    (command,) = [run for run in serving_build_checks() if "--model-json" in run]
+    local = (
+        command.replace(
+            "/opt/platform/check_vllm_backend.py", str(DOCKER / "check_vllm_backend.py")
+        )
+        .replace("/tmp/model.json", str(tmp_path / "model.json"))
+        .replace("python3 ", f"{shlex.quote(sys.executable)} ")
+    )
+    assert "/opt/" not in local and "/tmp/" not in local.replace(str(tmp_path), "")
+    result = subprocess.run(
+        ["bash", "-c", local],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ok: the logits processors" in result.stdout
+    assert not (tmp_path / "model.json").exists()  # the step cleans up after itself
 
 
 # --- compose.yaml -----------------------------------------------------------------------------

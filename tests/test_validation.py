@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from portal.registry.models import ApiSurface, Backend
+from portal.registry.models import ApiSurface, Backend, PlatformRelease
 from portal.registry.validation import (
     find_version_overrides,
     validate_artifact_uri,
@@ -91,9 +94,43 @@ def test_engine_args_outside_the_release_allow_list_are_refused(release):
 def test_platform_owned_engine_args_are_refused(release):
     errors = errors_of(validate_engine_args, {"model": "/tmp/m", "tokenizer": "/tmp/t"}, release)
     assert errors["engine_args"] == [
-        "model, tokenizer: set by the platform from the artifact source and the model cache; "
-        "leave them out."
+        "model, tokenizer: set by the platform from the artifact source, the model cache and "
+        "the constraint processor; leave them out."
     ]
+
+
+def test_logits_processors_are_the_platforms(release):
+    """The packager writes its own constraint processor there; an author's would be lost."""
+    errors = errors_of(validate_engine_args, {"logits_processors": ["a.b:C"]}, release)
+    assert errors["engine_args"][0].startswith("logits_processors: set by the platform")
+
+
+def test_the_seeded_release_no_longer_allows_swap_space(release):
+    """vLLM 0.24.0's AsyncEngineArgs has no swap_space: every model setting it failed to load."""
+    assert "swap_space" not in release.allowed_engine_args
+    errors = errors_of(validate_engine_args, {"swap_space": 4}, release)
+    assert errors["engine_args"] == [
+        "swap_space: removed from vLLM (the V1 engine has no CPU swap space): AsyncEngineArgs "
+        "has no such field and the engine fails to start; leave it out."
+    ]
+
+
+def test_a_name_an_old_release_still_allows_is_refused_when_vllm_lacks_it(release):
+    """A release saved before allow-lists were checked may name a field vLLM does not have."""
+    release.allowed_engine_args = [*release.allowed_engine_args, "num_scheduler_steps"]
+    errors = errors_of(validate_engine_args, {"num_scheduler_steps": 8}, release)
+    assert errors["engine_args"][0].startswith(
+        "num_scheduler_steps: vLLM 0.24.0's AsyncEngineArgs has no such field"
+    )
+
+
+def test_a_release_pinning_an_unchecked_vllm_refuses_engine_args(release):
+    release.vllm_version = "0.26.0"
+    errors = errors_of(validate_engine_args, {"dtype": "auto"}, release)
+    assert (
+        "pins vLLM 0.26.0, whose engine arguments this portal cannot check"
+        in (errors["engine_args"][0])
+    )
 
 
 @pytest.mark.parametrize(
@@ -105,11 +142,39 @@ def test_platform_owned_engine_args_are_refused(release):
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization: must be in (0, 1]"),
         ({"dtype": "fp8"}, "dtype: must be one of"),
         ({"max_num_seqs": 0}, "max_num_seqs: must be at least 1"),
+        ({"max_model_len": None}, "max_model_len: must be int, got null"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs: must be int or null, got float"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization: must be in (0, 1], got 0"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization: must be float or int, got"),
+        ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype: must be one of auto, bfloat16, float16"),
+        ({"quantization": "gguf"}, "quantization: must be one of auto_awq, auto_gptq, awq,"),
+        ({"block_size": 0}, "block_size: must be at least 1, got 0"),
+        ({"max_logprobs": -1}, "max_logprobs: must be at least 0, got -1"),
+        ({"generation_config": "/etc"}, "generation_config: must be one of auto, vllm"),
     ],
 )
 def test_engine_arg_types_and_ranges(release, args, fragment):
     errors = errors_of(validate_engine_args, args, release)
     assert any(fragment in message for message in errors["engine_args"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"max_num_seqs": None, "quantization": None, "enable_prefix_caching": None},
+        {"gpu_memory_utilization": 1, "kv_cache_dtype": "fp8_e5m2", "quantization": "awq"},
+        {"max_logprobs": 0, "seed": -3, "generation_config": "vllm", "revision": "main"},
+    ],
+)
+def test_values_vllm_accepts_pass(release, args):
+    validate_engine_args(args, release)
+
+
+def test_every_bad_engine_arg_is_reported_at_once(release):
+    args = {"dtype": "fp8", "block_size": 0, "turbo": 1}
+    messages = errors_of(validate_engine_args, args, release)["engine_args"]
+    assert [m.split(":")[0] for m in messages] == ["Unknown or not allowed engine argument(s)",
+                                                   "dtype", "block_size"]  # fmt: skip
 
 
 def test_engine_args_must_be_an_object(release):
@@ -327,3 +392,74 @@ def test_disable_log_requests_trap_is_explained(release):
         "disable_log_requests: removed from vLLM (deprecated in 0.10.2, gone in 0.12) and makes "
         "the engine fail to start; use enable_log_requests instead."
     ]
+
+
+# --- a release's allow-list -------------------------------------------------------------------
+
+
+def new_release(**fields) -> PlatformRelease:
+    defaults = {
+        "name": "triton-26.08",
+        "triton_image": "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3",
+        "vllm_version": "0.24.0",
+        "allowed_engine_args": ["dtype", "max_model_len"],
+    }
+    return PlatformRelease(**{**defaults, **fields})
+
+
+def test_a_release_allowing_checked_vllm_fields_is_clean():
+    new_release().full_clean()
+
+
+@pytest.mark.parametrize(
+    ("allowed", "message"),
+    [
+        (
+            ["dtype", "swap_space"],
+            "swap_space: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM "
+            "backend would fail to load every model that sets it.",
+        ),
+        (
+            ["turbo"],
+            "turbo: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM backend "
+            "would fail to load every model that sets it.",
+        ),
+        (["model"], "model: set by the platform in model.json; it cannot be allowed."),
+        (
+            ["cpu_offload_gb"],
+            "cpu_offload_gb: a vLLM 0.24.0 engine argument whose values the platform does not "
+            "check yet; add it to portal/registry/engine_args.py first.",
+        ),
+        (["dtype", "dtype"], "dtype: listed more than once."),
+        ("dtype", "Must be a list of engine-argument names."),
+    ],
+)
+def test_a_release_allowing_what_the_pinned_vllm_lacks_is_refused(allowed, message):
+    errors = errors_of(new_release(allowed_engine_args=allowed).full_clean)
+    assert errors["allowed_engine_args"] == [message]
+
+
+def test_a_release_pinning_a_vllm_without_a_checked_table_is_refused():
+    errors = errors_of(new_release(vllm_version="0.26.0").full_clean)
+    assert errors["allowed_engine_args"][0].startswith(
+        "vLLM 0.26.0 has no checked engine-argument table in this portal"
+    )
+
+
+def test_the_admin_release_form_shows_the_refusal_next_to_the_allow_list(rf):
+    """The admin form runs the model's clean(): the operator sees why, on the field."""
+    admin_class = admin.site._registry[PlatformRelease]
+    form_class = admin_class.get_form(rf.get("/"), None)
+    data = {
+        "name": "triton-26.08",
+        "triton_image": "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3",
+        "vllm_version": "0.24.0",
+        "allowed_engine_args": json.dumps(["dtype", "swap_space"]),
+    }
+    form = form_class(data=data)
+    assert not form.is_valid()
+    assert form.errors["allowed_engine_args"] == [
+        "swap_space: vLLM 0.24.0's AsyncEngineArgs has no such field, so Triton's vLLM backend "
+        "would fail to load every model that sets it."
+    ]
+    assert form_class(data={**data, "allowed_engine_args": '["dtype"]'}).is_valid()

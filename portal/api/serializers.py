@@ -89,7 +89,7 @@ class ReleaseOut(serializers.ModelSerializer):
 class InstanceTypeOut(serializers.ModelSerializer):
     class Meta:
         model = InstanceType
-        fields = ["name", "description", "accelerator", "gpus", "cpus", "memory_gib"]
+        fields = ["name", "description", "accelerator", "gpus", "cpus", "memory_gib", "engine"]
 
 
 class ModelOut(serializers.ModelSerializer):

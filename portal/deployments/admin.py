@@ -9,7 +9,7 @@ from portal.deployments.services import act
 
 @admin.register(InstanceType)
 class InstanceTypeAdmin(admin.ModelAdmin):
-    list_display = ["name", "accelerator", "gpus", "cpus", "memory_gib", "is_active"]
+    list_display = ["name", "accelerator", "gpus", "cpus", "memory_gib", "engine", "is_active"]
     list_filter = ["is_active", "accelerator"]
     search_fields = ["name", "description"]
 

@@ -14,6 +14,14 @@ from portal.core.models import AppendOnlyModel
 from portal.registry.models import Model, ModelVersion
 
 
+class Engine(models.TextChoices):
+    """What serves an instance: Triton in the serving image, or the CPU engine."""
+
+    AUTO = "auto", "Automatic (Triton with GPUs, else the CPU engine)"
+    TRITONSERVER = "tritonserver", "Triton (tritonserver, the serving image)"
+    CPU = "cpu", "CPU engine (python -m serving.kserve)"
+
+
 class InstanceType(models.Model):
     """An operator-defined machine shape an instance runs on (maps to Kubernetes scheduling)."""
 
@@ -27,6 +35,13 @@ class InstanceType(models.Model):
     memory_gib = models.PositiveIntegerField(default=4)
     node_selector = models.JSONField(default=dict, blank=True)
     tolerations = models.JSONField(default=list, blank=True)
+    engine = models.CharField(
+        max_length=16,
+        choices=Engine.choices,
+        default=Engine.AUTO,
+        help_text="Automatic runs tritonserver on GPU types and the CPU engine otherwise; "
+        "force one here (e.g. the CPU engine on a GPU node for a smoke test).",
+    )
     is_active = models.BooleanField(default=True)
 
     class Meta:

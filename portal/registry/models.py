@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from portal.accounts.models import Team
 from portal.core.models import AppendOnlyModel
+from portal.registry.engine_args import allow_list_errors
 
 
 class PlatformRelease(models.Model):
@@ -38,6 +40,14 @@ class PlatformRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (Triton {self.triton_image}, vLLM {self.vllm_version})"
+
+    def clean(self) -> None:
+        """Refuse an allow-list naming an argument the pinned vLLM lacks: Triton's backend
+        passes model.json to ``AsyncEngineArgs(**json)``, so every model setting it would fail
+        to load (as ``swap_space`` did against vLLM 0.24.0)."""
+        errors = allow_list_errors(self.vllm_version, self.allowed_engine_args)
+        if errors:
+            raise ValidationError({"allowed_engine_args": errors})
 
 
 class TaskKind(models.TextChoices):

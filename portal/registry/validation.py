@@ -18,43 +18,23 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from tritonclient.grpc import model_config_pb2
 
+from portal.registry.engine_args import (
+    ENGINE_ARG_TYPES as ENGINE_ARG_TYPES,  # re-exported: tests build their release from it
+)
+from portal.registry.engine_args import (
+    ENGINE_ARGS,
+    PINNED_VLLM_VERSION,
+    PLATFORM_OWNED_ENGINE_ARGS,
+    REMOVED_ENGINE_ARGS,
+    engine_arg_errors,
+    unusable_engine_arg_errors,
+)
 from portal.registry.models import ApiSurface, Backend, PlatformRelease
 
 ALLOWED_SCHEMES = ("s3", "hf", "file")
 MAX_URI_LENGTH = 1024
 
-#: Engine arguments the platform itself writes into model.json; authors may not set them.
-PLATFORM_OWNED_ENGINE_ARGS = frozenset(
-    {"model", "tokenizer", "download_dir", "served_model_name", "load_format"}
-)
-
-#: Known engine arguments and the type their value must have (checked when allowed).
-ENGINE_ARG_TYPES: dict[str, tuple[type, ...]] = {
-    "dtype": (str,),
-    "max_model_len": (int,),
-    "gpu_memory_utilization": (float, int),
-    "tensor_parallel_size": (int,),
-    "pipeline_parallel_size": (int,),
-    "max_num_seqs": (int,),
-    "max_num_batched_tokens": (int,),
-    "enforce_eager": (bool,),
-    "enable_prefix_caching": (bool,),
-    "enable_chunked_prefill": (bool,),
-    "quantization": (str,),
-    "kv_cache_dtype": (str,),
-    "trust_remote_code": (bool,),
-    "seed": (int,),
-    "block_size": (int,),
-    "swap_space": (float, int),
-    "max_logprobs": (int,),
-    "disable_log_stats": (bool,),
-    "enable_log_requests": (bool,),
-    "revision": (str,),
-    "tokenizer_revision": (str,),
-    "generation_config": (str,),
-}
 MULTIMODAL_ARGS = frozenset({"limit_mm_per_prompt", "mm_processor_kwargs"})
-DTYPES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
 
 # Keys that would pin or override what the platform release fixes: the vLLM version, the
 # serving image, or extra pip requirements. Matched after lower-casing and turning any run of
@@ -138,54 +118,48 @@ def reject_version_overrides(payload: Any, release: PlatformRelease | None, fiel
 
 
 def validate_engine_args(engine_args: Any, release: PlatformRelease) -> None:
-    """Check vLLM engine arguments against the release's allow-list and their expected types."""
+    """Check vLLM engine arguments against the release's allow-list and the values the pinned
+    vLLM accepts, so a model that would not load is refused at registration, not on a GPU."""
     if not isinstance(engine_args, dict):
         raise ValidationError({"engine_args": ["Must be a JSON object of engine-argument names."]})
     reject_version_overrides(engine_args, release, "engine_args")
+    if release.vllm_version != PINNED_VLLM_VERSION:
+        raise ValidationError(
+            {
+                "engine_args": [
+                    f"Release {release.name} pins vLLM {release.vllm_version}, whose engine "
+                    f"arguments this portal cannot check (it knows vLLM {PINNED_VLLM_VERSION}); "
+                    "choose another release."
+                ]
+            }
+        )
     errors: list[str] = []
     owned = sorted(set(engine_args) & PLATFORM_OWNED_ENGINE_ARGS)
     if owned:
         errors.append(
-            f"{', '.join(owned)}: set by the platform from the artifact source and the model "
-            "cache; leave them out."
+            f"{', '.join(owned)}: set by the platform from the artifact source, the model "
+            "cache and the constraint processor; leave them out."
         )
-    if "disable_log_requests" in engine_args:
-        errors.append(
-            "disable_log_requests: removed from vLLM (deprecated in 0.10.2, gone in 0.12) and "
-            "makes the engine fail to start; use enable_log_requests instead."
-        )
+    errors.extend(
+        f"{name}: {why}" for name, why in REMOVED_ENGINE_ARGS.items() if name in engine_args
+    )
     allowed = set(release.allowed_engine_args)
     unknown = sorted(
-        set(engine_args) - allowed - PLATFORM_OWNED_ENGINE_ARGS - {"disable_log_requests"}
+        set(engine_args) - allowed - PLATFORM_OWNED_ENGINE_ARGS - set(REMOVED_ENGINE_ARGS)
     )
     if unknown:
         errors.append(
             f"Unknown or not allowed engine argument(s): {', '.join(unknown)}. "
             f"Release {release.name} allows: {', '.join(sorted(allowed))}."
         )
+    # A release saved before its allow-list was checked may still allow an unusable name.
+    unusable = set(engine_args) & allowed - set(ENGINE_ARGS) - set(REMOVED_ENGINE_ARGS)
+    errors.extend(unusable_engine_arg_errors(sorted(unusable - PLATFORM_OWNED_ENGINE_ARGS)))
     for name, value in engine_args.items():
-        expected = ENGINE_ARG_TYPES.get(name)
-        if name not in allowed or expected is None:
-            continue
-        is_bool = isinstance(value, bool)
-        if not isinstance(value, expected) or (is_bool and bool not in expected):
-            kinds = " or ".join(t.__name__ for t in expected)
-            errors.append(f"{name}: must be {kinds}, got {type(value).__name__}.")
-            continue
-        errors.extend(_engine_arg_range_errors(name, value))
+        if name in allowed and name in ENGINE_ARGS:
+            errors.extend(engine_arg_errors(name, value))
     if errors:
         raise ValidationError({"engine_args": errors})
-
-
-def _engine_arg_range_errors(name: str, value: Any) -> list[str]:
-    if name == "gpu_memory_utilization" and not 0 < value <= 1:
-        return [f"{name}: must be in (0, 1], got {value}."]
-    if name == "dtype" and value not in DTYPES:
-        return [f"{name}: must be one of {', '.join(sorted(DTYPES))}, got {value!r}."]
-    positive = {"max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs"}
-    if name in positive and value < 1:
-        return [f"{name}: must be at least 1, got {value}."]
-    return []
 
 
 def validate_artifact_uri(uri: Any) -> str:

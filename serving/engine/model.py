@@ -28,7 +28,6 @@ _NOT_APPLICABLE = frozenset(
         "swap_space",
         "enable_chunked_prefill",
         "max_num_batched_tokens",
-        "disable_log_stats",
         "enable_log_requests",
         "enable_prefix_caching",
         "logits_processors",
@@ -40,6 +39,7 @@ _NOT_APPLICABLE = frozenset(
 _HONOURED = frozenset(
     {"model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "seed", "max_logprobs"}
     | {"runner", "convert", "trust_remote_code", "revision", "tokenizer_revision"}
+    | {"disable_log_stats"}  # turns the metrics Triton's vLLM backend bridges off
 )
 _DTYPES = {"auto": None, "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
 _DTYPES |= {"half": "float16", "float16": "float16"}
@@ -59,6 +59,8 @@ class EngineConfig:
     max_num_seqs: int
     seed: int | None
     max_logprobs: int
+    # vLLM's switch for its stats loggers; Triton's vLLM backend bridges metrics only when false.
+    disable_log_stats: bool = False
 
 
 def read_engine_config(model_dir: Path) -> EngineConfig:
@@ -91,6 +93,9 @@ def read_engine_config(model_dir: Path) -> EngineConfig:
     runner, convert = args.get("runner", "generate"), args.get("convert")
     if runner not in ("generate", "pooling", "auto") or convert not in (None, "embed", "auto"):
         raise ModelLoadError(f"{path}: runner={runner!r} convert={convert!r} is not supported")
+    disable_log_stats = args.get("disable_log_stats", False)
+    if not isinstance(disable_log_stats, bool):
+        raise ModelLoadError(f"{path}: disable_log_stats must be true or false")
     base = Path(model_dir)
     weights = base / args["model"]
     return EngineConfig(
@@ -102,6 +107,7 @@ def read_engine_config(model_dir: Path) -> EngineConfig:
         max_num_seqs=_positive(path, args, "max_num_seqs") or 16,
         seed=args.get("seed"),
         max_logprobs=_positive(path, args, "max_logprobs") or 20,
+        disable_log_stats=disable_log_stats,
     )
 
 

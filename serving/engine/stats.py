@@ -1,7 +1,9 @@
 """The hooks through which the engine reports what it does, so metrics stay out of its loop.
 
 :class:`serving.metrics.vllm_metrics.VllmMetrics` implements them with vLLM's metric names in
-prometheus-client's multiprocess mode; tests may pass their own recorder.
+prometheus-client's multiprocess mode; :class:`serving.metrics.triton_vllm.TritonVllmMetrics`
+with the families Triton's vLLM backend bridges into Triton's metrics endpoint;
+:class:`FanOutStats` feeds both from one engine. Tests may pass their own recorder.
 """
 
 from __future__ import annotations
@@ -63,3 +65,39 @@ class NullStats:
 
     def on_finished(self, request: FinishedRequest) -> None:
         pass
+
+
+class FanOutStats:
+    """Forwards every event to each sink in turn: one engine feeds vLLM's multiprocess metrics
+    and the families Triton's vLLM backend bridges from the same events, so they agree.
+
+    Sinks may be added before the engine serves (the bridged families' buckets depend on the
+    engine's ``max_model_len``, known only once it has loaded)."""
+
+    def __init__(self, *sinks: EngineStats) -> None:
+        self.sinks: tuple[EngineStats, ...] = sinks
+
+    def add(self, sink: EngineStats) -> None:
+        self.sinks = (*self.sinks, sink)
+
+    def on_scheduler_step(self, running: int, waiting: int, slot_usage: float) -> None:
+        for sink in self.sinks:
+            sink.on_scheduler_step(running, waiting, slot_usage)
+
+    def on_prefill(
+        self, prompt_tokens: int, prefix_cache_queries: int, prefix_cache_hits: int
+    ) -> None:
+        for sink in self.sinks:
+            sink.on_prefill(prompt_tokens, prefix_cache_queries, prefix_cache_hits)
+
+    def on_first_token(self, time_to_first_token: float) -> None:
+        for sink in self.sinks:
+            sink.on_first_token(time_to_first_token)
+
+    def on_tokens(self, generation_tokens: int, inter_token_latencies: list[float]) -> None:
+        for sink in self.sinks:
+            sink.on_tokens(generation_tokens, inter_token_latencies)
+
+    def on_finished(self, request: FinishedRequest) -> None:
+        for sink in self.sinks:
+            sink.on_finished(request)

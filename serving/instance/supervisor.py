@@ -1,8 +1,8 @@
 """The start-up sequence and the life of one serving instance.
 
-    python -m serving.instance --package PKG.tar --workdir DIR [--host 127.0.0.1]
-        [--openai-port 9000] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-        [--ready-timeout S] [--drain-timeout S]
+    python -m serving.instance --package PKG.tar --workdir DIR [--engine tritonserver|cpu]
+        [--host 127.0.0.1] [--openai-port 9000] [--http-port 8000] [--grpc-port 8001]
+        [--metrics-port 8002] [--ready-timeout S] [--drain-timeout S]
 
 Steps, in this order, each logged as one JSON line with its duration (see
 :mod:`serving.instance.log`):
@@ -10,18 +10,21 @@ Steps, in this order, each logged as one JSON line with its duration (see
 1. ``unpack_package``: verify every checksum and unpack into ``<workdir>/repository``.
 2. ``install_plugins``: the package's vLLM plugins, through entry points.
 3. ``clean_metrics_dir``: remove stale ``.db`` files from the multiprocess directory
-   (``--multiproc-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``, else ``<workdir>/prometheus``): values of a previous run must not be summed into this
-   one's.
-4. ``start_engine``: ``python -m serving.kserve`` as a child; its ports open only once its
-   model is loaded, and it says so on stdout.
+   (``--multiproc-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``, else ``<workdir>/prometheus``): values
+   of a previous run must not be summed into this one's.
+4. ``start_engine``: the engine as a child, ``tritonserver`` (GPU instance types) or the CPU
+   engine ``python -m serving.kserve``, with one tritonserver command line
+   (:mod:`serving.instance.engines`; ``--engine``, default ``$SERVING_ENGINE`` else ``cpu``).
+   It is ready once Triton's ``/v2/health/ready`` and the model's ready endpoint answer 200.
 5. ``start_frontend``: only now the front end listens: OpenAI routes when the package's API
    surface is ``openai+grpc`` (embedded), only health and ``/metrics`` when it is ``grpc``
    (standalone). Then ``INSTANCE READY openai=<port> http=<port> grpc=<port> metrics=<port>``
    is printed on stdout.
 
 SIGTERM (or SIGINT): the front end stops accepting and finishes in-flight requests (streams
-included) within ``--drain-timeout``; then the engine child gets SIGTERM and is waited for;
-exit 0. If the engine dies while serving, the instance exits 3 so its launcher notices.
+included) within ``--drain-timeout``; then the engine child gets SIGTERM (its own exit timeout is
+the same budget) and is waited for; exit 0. If the engine dies while serving, the instance exits
+3 so its launcher notices.
 
 Exit status: 0 stopped cleanly (also when asked to stop during start-up); 1 the engine or the
 front end failed to start; 2 the package or its plugins were refused; 3 the engine died while
@@ -46,7 +49,16 @@ from typing import Any
 
 import uvicorn
 
-from serving.instance.engine_process import EnginePorts, EngineProcess
+from serving.instance.engine_process import EngineProcess
+from serving.instance.engines import (
+    ENGINES,
+    EnginePorts,
+    default_engine,
+    engine_executable,
+    local_address,
+    resolve_ports,
+    tritonserver_args,
+)
 from serving.instance.log import StepFailed, event, step
 from serving.instance.plugins import install_plugins
 from serving.package import extract_package
@@ -59,7 +71,12 @@ class ManifestError(ValueError):
     pass
 
 
-def check_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+# The backends each engine serves: Triton's image has the vLLM and Python backends; the CPU
+# engine stands in for the vLLM backend only.
+ENGINE_BACKENDS = {"tritonserver": ("vllm", "python"), "cpu": ("vllm",)}
+
+
+def check_manifest(manifest: dict[str, Any], engine: str = "cpu") -> dict[str, Any]:
     """The fields this instance acts on, checked: a package it cannot serve as asked is refused
     at start, not discovered at the first request."""
     for key in ("model", "backend", "api_surface"):
@@ -69,10 +86,10 @@ def check_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         raise ManifestError(
             f"manifest api_surface {manifest['api_surface']!r} is not one of {sorted(API_SURFACES)}"
         )
-    if manifest["backend"] != "vllm":
+    if manifest["backend"] not in ENGINE_BACKENDS[engine]:
         raise ManifestError(
-            f"manifest backend {manifest['backend']!r}: this instance's CPU engine serves only "
-            "vllm-backend packages"
+            f"manifest backend {manifest['backend']!r}: the {engine} engine serves only "
+            f"{' and '.join(ENGINE_BACKENDS[engine])}-backend packages"
         )
     plugins = manifest.get("constraint_plugins", [])
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
@@ -83,10 +100,10 @@ def check_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def unpack(package: Path, repository: Path) -> dict[str, Any]:
+def unpack(package: Path, repository: Path, engine: str) -> dict[str, Any]:
     if repository.exists():
         shutil.rmtree(repository)  # a restart in the same workdir: the package is the truth
-    return check_manifest(extract_package(package, repository))
+    return check_manifest(extract_package(package, repository), engine)
 
 
 def clean_multiproc_dir(directory: Path) -> int:
@@ -128,11 +145,12 @@ def frontend_server(
     from serving.frontend.app import create_app
     from serving.frontend.settings import Settings
 
+    address = local_address(args.host)
     settings = Settings(
         model_repository=repository,
-        kserve_grpc=f"{args.host}:{ports.grpc}",
-        kserve_http=f"{args.host}:{ports.http}",
-        kserve_metrics=f"http://{args.host}:{ports.metrics}/metrics",
+        kserve_grpc=f"{address}:{ports.grpc}",
+        kserve_http=f"{address}:{ports.http}",
+        kserve_metrics=f"http://{address}:{ports.metrics}/metrics",
         openai=openai,
         multiproc_dir=multiproc,
     )
@@ -157,7 +175,7 @@ async def run(args: argparse.Namespace) -> int:
     event("starting", package=str(args.package), workdir=str(workdir))
     try:
         with step("unpack_package", exit_code=EXIT_REFUSED) as info:
-            manifest = await asyncio.to_thread(unpack, args.package, repository)
+            manifest = await asyncio.to_thread(unpack, args.package, repository, args.engine)
             info.update(model=manifest["model"], version=manifest.get("version"))
             info.update(api_surface=manifest["api_surface"])
         if stop.is_set():
@@ -176,16 +194,9 @@ async def run(args: argparse.Namespace) -> int:
         with step("clean_metrics_dir") as info:
             info["path"] = str(multiproc)
             info["removed"] = await asyncio.to_thread(clean_multiproc_dir, multiproc)
-        engine = EngineProcess(
-            repository,
-            host=args.host,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            multiproc_dir=multiproc,
-            drain_timeout=args.drain_timeout,
-        )
         with step("start_engine") as info:
+            engine = engine_process(args, repository, manifest["model"], multiproc)
+            info.update(engine=args.engine, command=engine.command)
             started = await engine.start(args.ready_timeout, stop)
             info["pid"] = engine.pid
             if started is not None:
@@ -247,6 +258,25 @@ async def serve(
     return 0
 
 
+def engine_process(
+    args: argparse.Namespace, repository: Path, model: str, multiproc: Path
+) -> EngineProcess:
+    """The engine child for this package: one tritonserver command line, the chosen engine's
+    executable, and ``PROMETHEUS_MULTIPROC_DIR`` pointing at the directory just cleaned (vLLM
+    writes its metrics there, the front end reads them back)."""
+    ports = resolve_ports(args.host, args.http_port, args.grpc_port, args.metrics_port)
+    command = [
+        *engine_executable(args.engine),
+        *tritonserver_args(
+            repository, model, host=args.host, ports=ports, drain_timeout=args.drain_timeout
+        ),
+    ]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    return EngineProcess(
+        command, env=env, ports=ports, address=local_address(args.host), model=model
+    )
+
+
 def _env_multiproc_dir() -> Path | None:
     value = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     return Path(value) if value else None
@@ -257,9 +287,17 @@ def _stopped_during_startup(after: str) -> int:
     return 0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, *, check_package: bool = True) -> argparse.Namespace:
+    """The supervisor's options; ``check_package=False`` skips the package file's existence
+    (to read a command line meant for another machine, such as a pod's)."""
     parser = argparse.ArgumentParser(prog="python -m serving.instance", description=__doc__)
     parser.add_argument("--package", type=Path, required=True)
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="tritonserver (GPU instance types) or cpu; default: $SERVING_ENGINE, else cpu",
+    )
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--openai-port", type=int, default=9000)
@@ -275,6 +313,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="default: $PROMETHEUS_MULTIPROC_DIR, else <workdir>/prometheus",
     )
     args = parser.parse_args(argv)
+    if args.engine is None:
+        try:
+            args.engine = default_engine()
+        except ValueError as exc:
+            parser.error(str(exc))
     for name in ("openai_port", "http_port", "grpc_port", "metrics_port"):
         if not 0 <= getattr(args, name) <= 65535:
             parser.error(f"--{name.replace('_', '-')} must be a port number (0-65535)")
@@ -282,7 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ready-timeout must be > 0")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
-    if not args.package.is_file():
+    if check_package and not args.package.is_file():
         parser.error(f"--package {args.package} is not a file")
     return args
 

@@ -1,4 +1,11 @@
-"""``python -m serving.kserve --model-repository DIR``: load every model, then serve KServe v2.
+"""``python -m serving.kserve --model-repository=DIR [tritonserver flags]``: the CPU engine.
+
+It loads the repository's models (all, or with ``--model-control-mode=explicit`` only those
+named by ``--load-model``), then serves KServe v2 over HTTP and gRPC and Triton-style metrics,
+and prints ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` (ports may be given as 0;
+``metrics=0`` when ``--allow-metrics=false`` left the metrics port closed).
+Its command line is tritonserver's (see :mod:`serving.kserve.cli`), so the instance supervisor
+starts it exactly as it starts ``tritonserver``.
 
 Exit status: 0 after a clean drain; 2 when the repository is unusable; 1 when a model fails to
 load. In both failure cases no port was ever opened.
@@ -6,14 +13,13 @@ load. In both failure cases no port was ever opened.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 from types import FrameType
 
+from serving.kserve.cli import LOG_DATE_FORMATS, ServerOptions, parse_options
 from serving.kserve.repository import ModelControl, RepositoryError, read_repository
 from serving.kserve.server import load_entry, load_repository, repository_configs, serve_kserve
 
@@ -28,51 +34,42 @@ def _stop_loading(signum: int, frame: FrameType | None) -> None:
     raise _StopRequested(signal.Signals(signum).name)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m serving.kserve", description=__doc__)
-    parser.add_argument("--model-repository", required=True, type=Path)
-    parser.add_argument(
-        "--model", action="append", default=None, help="serve only this model (repeatable)"
+def configure_logging(options: ServerOptions) -> None:
+    handler: logging.Handler = (
+        logging.FileHandler(options.log_file) if options.log_file else logging.StreamHandler()
     )
-    parser.add_argument(
-        "--model-control-mode",
-        choices=("none", "explicit"),
-        default="none",
-        help="explicit: only the --model models load at start; others load and unload through "
-        "the repository API (Triton's --model-control-mode)",
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt=LOG_DATE_FORMATS[options.log_format],
+        )
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--drain-timeout", type=float, default=30.0)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    for name in ("http_port", "grpc_port", "metrics_port"):
-        if not 0 <= getattr(args, name) <= 65535:
-            parser.error(f"--{name.replace('_', '-')} must be a port number (0-65535)")
-    if args.drain_timeout < 0:
-        parser.error("--drain-timeout must be >= 0")
-    return args
+    logging.basicConfig(level=min(options.log_level, logging.CRITICAL), handlers=[handler])
+    if options.log_level > logging.CRITICAL:
+        logging.disable(logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    options = parse_options(argv)
+    configure_logging(options)
+    if options.backend_directory is not None:
+        logger.info(
+            "--backend-directory=%s: the CPU engine's backend is built in",
+            options.backend_directory,
+        )
+    for backend, setting, value in options.backend_config:
+        logger.info("backend config %s: {%r: %r}", backend, setting, value)
+    explicit = options.model_control_mode == "explicit"
+    to_load = options.models_to_load()
     try:
-        explicit = args.model_control_mode == "explicit"
-        if explicit and not args.model:
-            entries = []  # as Triton in explicit mode: nothing loads until asked
-            if not args.model_repository.is_dir():
+        if to_load == []:  # explicit mode without --load-model: nothing loads until asked
+            if not options.model_repository.is_dir():
                 raise RepositoryError(
-                    f"model repository {args.model_repository} is not a directory"
+                    f"model repository {options.model_repository} is not a directory"
                 )
+            entries = []
         else:
-            entries = read_repository(args.model_repository, args.model)
+            entries = read_repository(options.model_repository, to_load)
     except RepositoryError as exc:
         logger.error("model repository refused, not serving: %s", exc)
         return 2
@@ -96,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(
             serve_kserve(
                 engines,
-                host=args.host,
-                http_port=args.http_port,
-                grpc_port=args.grpc_port,
-                metrics_port=args.metrics_port,
+                host=options.http_address,
+                http_port=options.http_port,
+                grpc_host=options.grpc_address,
+                grpc_port=options.grpc_port,
+                metrics_host=options.metrics_address,
+                metrics_port=options.metrics_port if options.allow_metrics else None,
                 ready_callback=ready,
-                drain_timeout=args.drain_timeout,
+                drain_timeout=options.exit_timeout_secs,
                 configs=repository_configs(entries),
-                control=ModelControl(args.model_repository, explicit, load_entry),
+                control=ModelControl(options.model_repository, explicit, load_entry),
             )
         )
     except _StopRequested as stop:  # arrived before serve_kserve installed its handlers

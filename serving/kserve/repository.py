@@ -83,19 +83,19 @@ def read_model(model_dir: Path) -> ModelEntry:
 
 
 def read_repository(root: Path, names: list[str] | None = None) -> list[ModelEntry]:
-    """Every model of ``root`` (or only ``names``), sorted by name."""
+    """Every model of ``root`` (or only ``names``, which may be none), sorted by name."""
     root = Path(root)
     if not root.is_dir():
         raise RepositoryError(f"model repository {root} is not a directory")
-    if names:
+    if names is not None:
         missing = [n for n in names if not (root / n / "config.pbtxt").is_file()]
         if missing:
             raise RepositoryError(f"model repository {root} has no model(s) {missing}")
-        dirs = [root / n for n in names]
+        dirs = [root / n for n in sorted(set(names))]
     else:
         dirs = sorted(p for p in root.iterdir() if (p / "config.pbtxt").is_file())
-    if not dirs:
-        raise RepositoryError(f"model repository {root} holds no model (no */config.pbtxt)")
+        if not dirs:
+            raise RepositoryError(f"model repository {root} holds no model (no */config.pbtxt)")
     return [read_model(d) for d in dirs]
 
 

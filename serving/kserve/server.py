@@ -28,12 +28,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.engine.core import Engine, load_engine
 from serving.engine.model import read_engine_config
-from serving.engine.stats import EngineStats
+from serving.engine.stats import EngineStats, FanOutStats
 from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
 from serving.kserve.repository import ModelControl, ModelEntry
 from serving.kserve.service import InferenceService
 from serving.kserve.triton_metrics import render
+from serving.metrics import triton_vllm
+from serving.metrics.triton_vllm import TritonVllmMetrics
 
 logger = logging.getLogger("serving.kserve")
 
@@ -56,9 +58,17 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def metrics_app(service: InferenceService) -> Starlette:
+def metrics_app(
+    service: InferenceService, bridged: list[TritonVllmMetrics] | None = None
+) -> Starlette:
+    """Triton's metrics port: the ``nv_*`` families, then the ``vllm:`` families Triton's vLLM
+    backend bridges for the models that report them (``bridged``)."""
+
     async def metrics(request: Request) -> Response:
-        return Response(render(service.stats), media_type=PROMETHEUS_CONTENT_TYPE)
+        # Without a fixed list: the served models' own, which change under model control.
+        families = bridged if bridged is not None else bridged_metrics(service.engines())
+        text = render(service.stats) + triton_vllm.render(families)
+        return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 
@@ -76,23 +86,46 @@ def engine_stats(model_name: str, max_model_len: int | None = None) -> EngineSta
     return stats
 
 
-def load_entry(entry: ModelEntry) -> Engine:
-    """Load one model (slow: weights are read); raises when it cannot."""
-    logger.info("loading model %s version %s", entry.name, entry.version)
-    limit = read_engine_config(entry.version_dir).max_model_len
-    stats = engine_stats(entry.name, limit)
-    return load_engine(entry.version_dir, name=entry.name, stats=stats)
+def reports_custom_metrics(config: mc.ModelConfig) -> bool:
+    """Triton's vLLM backend rule (``model.py``, ``_get_bool_config_param``): the parameter
+    ``REPORT_CUSTOM_METRICS`` present with a ``string_value`` of ``"true"``, in any case."""
+    if "REPORT_CUSTOM_METRICS" not in config.parameters:
+        return False
+    return config.parameters["REPORT_CUSTOM_METRICS"].string_value.lower() == "true"
 
 
 def load_repository(entries: list[ModelEntry]) -> list[Engine]:
-    """Load every model (slow: weights are read); raises on the first that fails."""
-    engines = []
-    for entry in entries:
-        logger.info("loading model %s version %s", entry.name, entry.version)
-        limit = read_engine_config(entry.version_dir).max_model_len
-        stats = engine_stats(entry.name, limit)
-        engines.append(load_engine(entry.version_dir, name=entry.name, stats=stats))
-    return engines
+    """Load every model (slow: weights are read); raises on the first that fails.
+
+    A model bridges the ``vllm:`` families onto the metrics port as Triton's vLLM backend does:
+    when its ``config.pbtxt`` sets ``REPORT_CUSTOM_METRICS`` and its ``model.json`` does not
+    set ``disable_log_stats``. Those families' token buckets follow the loaded engine's
+    ``max_model_len`` (vLLM's ``model_config.max_model_len``), so they join after loading."""
+    return [load_entry(entry) for entry in entries]
+
+
+def load_entry(entry: ModelEntry) -> Engine:
+    """Load one model (see :func:`load_repository`); also what explicit model control's
+    ``load`` runs."""
+    logger.info("loading model %s version %s", entry.name, entry.version)
+    engine_config = read_engine_config(entry.version_dir)
+    stats = FanOutStats()
+    multiprocess = engine_stats(entry.name, engine_config.max_model_len)
+    if multiprocess is not None:
+        stats.add(multiprocess)
+    engine = load_engine(entry.version_dir, name=entry.name, stats=stats)
+    if reports_custom_metrics(entry.config) and not engine_config.disable_log_stats:
+        stats.add(TritonVllmMetrics(engine.name, engine.version, engine.max_model_len))
+    return engine
+
+
+def bridged_metrics(engines: list[Engine]) -> list[TritonVllmMetrics]:
+    """The bridged families each engine feeds (see :func:`load_repository`)."""
+    found = []
+    for engine in engines:
+        sinks = engine.stats.sinks if isinstance(engine.stats, FanOutStats) else (engine.stats,)
+        found += [sink for sink in sinks if isinstance(sink, TritonVllmMetrics)]
+    return found
 
 
 async def serve_kserve(
@@ -101,7 +134,9 @@ async def serve_kserve(
     host: str = "127.0.0.1",
     http_port: int = 8000,
     grpc_port: int = 8001,
-    metrics_port: int = 8002,
+    metrics_port: int | None = 8002,
+    grpc_host: str | None = None,
+    metrics_host: str | None = None,
     ready_callback: Callable[[int, int, int], Any] | None = None,
     drain_timeout: float = 30.0,
     configs: dict[str, mc.ModelConfig] | None = None,
@@ -110,8 +145,11 @@ async def serve_kserve(
 ) -> None:
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
-    Ports may be 0 (any free port); ``ready_callback(http, grpc, metrics)`` receives the bound
-    ports once everything listens. The engines are shut down on return."""
+    ``host`` is the HTTP address and, unless ``grpc_host``/``metrics_host`` say otherwise, the
+    others' too. Ports may be 0 (any free port); ``metrics_port=None`` opens no metrics port
+    (tritonserver's ``--allow-metrics=false``; reported as 0). ``ready_callback(http, grpc,
+    metrics)`` receives the bound ports once everything listens. The engines are shut down on
+    return. ``control`` enables Triton's model control (load/unload at run time)."""
     not_ready = [e.name for e in engines if not e.ready]
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
@@ -130,10 +168,15 @@ async def serve_kserve(
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        http_sock, metrics_sock = _bind(host, http_port), _bind(host, metrics_port)
-        sockets += [http_sock, metrics_sock]
-        grpc_server, grpc_bound = await start_grpc_server(service, host, grpc_port)
-        for app, sock in ((build_app(service), http_sock), (metrics_app(service), metrics_sock)):
+        http_sock = _bind(host, http_port)
+        sockets.append(http_sock)
+        apps = [(build_app(service), http_sock)]
+        if metrics_port is not None:
+            metrics_sock = _bind(metrics_host or host, metrics_port)
+            sockets.append(metrics_sock)
+            apps.append((metrics_app(service), metrics_sock))
+        grpc_server, grpc_bound = await start_grpc_server(service, grpc_host or host, grpc_port)
+        for app, sock in apps:
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             servers.append(_Uvicorn(config))
             tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
@@ -142,7 +185,8 @@ async def serve_kserve(
             if failed:
                 raise RuntimeError("an HTTP server failed to start") from failed[0].exception()
             await asyncio.sleep(0.01)
-        ports = (http_sock.getsockname()[1], grpc_bound, metrics_sock.getsockname()[1])
+        bound_metrics = metrics_sock.getsockname()[1] if metrics_port is not None else 0
+        ports = (http_sock.getsockname()[1], grpc_bound, bound_metrics)
         logger.info("serving %s: http=%d grpc=%d metrics=%d", sorted(service.models), *ports)
         if ready_callback is not None:
             ready_callback(*ports)

@@ -191,6 +191,10 @@ class InferenceService:
             self._states[name] = (model.version, "UNAVAILABLE", "unloaded")
             logger.info("successfully unloaded '%s' version %s", name, model.version)
 
+    def engines(self) -> list[Engine]:
+        """The engines of the models served now."""
+        return [model.engine for model in self.models.values()]
+
     def shutdown(self) -> None:
         """Shut down every served engine (also those loaded at run time)."""
         for model in self.models.values():

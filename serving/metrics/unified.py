@@ -10,10 +10,12 @@ own text parser accepts.
 
 Rules of the merge:
 
-* Each family appears once. Triton's vLLM backend with ``REPORT_CUSTOM_METRICS`` bridges eight
-  ``vllm:*`` families into its own endpoint under the same names as the multiprocess ones; the
-  multiprocess family wins (it is the complete source: every family, vLLM's labels), and the
-  bridged copy is dropped.
+* Each family appears once. Triton's vLLM backend with ``REPORT_CUSTOM_METRICS`` (and the CPU
+  engine in its place, :mod:`serving.metrics.triton_vllm`) bridges eight ``vllm:*`` families
+  into its own endpoint, seven under the same names as multiprocess ones; the multiprocess
+  family wins (it is the complete source: every family, vLLM's labels), and the bridged copy
+  is dropped. ``vllm:time_per_output_token_seconds`` has no multiprocess twin in vLLM 0.24, so
+  the engine's copy is the one served.
 * Triton's families are copied as text, not re-rendered: Triton writes counters without the
   ``_total`` suffix, and a parse/re-render through prometheus-client would rename their samples
   and break every dashboard that queries them.

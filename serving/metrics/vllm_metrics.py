@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
+from serving.metrics.triton_vllm import build_1_2_5_buckets
+
 if TYPE_CHECKING:  # importing serving.engine at run time would pull in torch
     from serving.engine.stats import FinishedRequest
 
@@ -61,19 +63,6 @@ REQUEST_LATENCY_BUCKETS = [
 ]  # fmt: skip
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 N_BUCKETS = [1, 2, 5, 10, 20]
-
-
-def build_1_2_5_buckets(max_value: int) -> list[int]:
-    """vLLM's 1-2-5 series up to ``max_value``: 1, 2, 5, 10, 20, 50, ..."""
-    buckets: list[int] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return buckets
-            buckets.append(value)
-        exponent += 1
 
 
 class MultiprocessModeError(RuntimeError):
@@ -106,7 +95,7 @@ class VllmMetrics:
             raise ValueError(f"max_model_len must be positive, got {max_model_len}")
         self.registry = CollectorRegistry(auto_describe=True)
         labels = (model_name, str(engine_index))
-        token_buckets = build_1_2_5_buckets(max_model_len or DEFAULT_MAX_MODEL_LEN)
+        token_buckets = list(build_1_2_5_buckets(max_model_len or DEFAULT_MAX_MODEL_LEN))
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:

@@ -3,6 +3,7 @@ through the official client against a fake API server on loopback (no cluster he
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,6 +19,7 @@ from portal.deployments.launchers.base import (
     VersionSet,
 )
 from portal.deployments.launchers.kubernetes import DELETION_COST, KubernetesLauncher
+from serving.instance.supervisor import engine_process, parse_args
 from tests.deployments.fake_kube_api import FakeKubeApi
 
 SCHEMA_VERSION = kubernetes_validate.latest_version()
@@ -112,6 +114,58 @@ def test_every_object_validates_against_the_kubernetes_schemas(shape, model):
         "claimName": "model-cache",
         "readOnly": True,
     }
+
+
+@pytest.mark.parametrize(("shape", "engine"), [(GPU, "tritonserver"), (CPU, "cpu")])
+def test_the_pod_runs_exactly_the_engine_command_the_supervisor_builds(shape, engine, monkeypatch):
+    monkeypatch.delenv("TRITONSERVER_BIN", raising=False)
+    deployment = objects.deployment(
+        version_set(1, shape), 1, namespace=NS, cache_claim="model-cache", drain_seconds=30
+    )
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python3", "-m", "serving.instance"]
+    args = parse_args(command[3:], check_package=False)
+    assert args.engine == engine
+    engine_command = engine_process(
+        args, Path("/work/repository"), "search--chat", Path("/work/prometheus")
+    ).command
+    executable = (
+        ["/opt/tritonserver/bin/tritonserver"]
+        if engine == "tritonserver"
+        else [sys.executable, "-m", "serving.kserve"]
+    )
+    assert engine_command == [
+        *executable,
+        "--model-repository=/work/repository",
+        "--http-address=0.0.0.0",
+        "--http-port=8000",
+        "--grpc-address=0.0.0.0",
+        "--grpc-port=8001",
+        "--metrics-address=0.0.0.0",
+        "--metrics-port=8002",
+        "--allow-metrics=true",
+        "--allow-gpu-metrics=true",
+        "--model-control-mode=explicit",
+        "--load-model=search--chat",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        "--exit-timeout-secs=30",
+        "--log-verbose=0",
+        "--log-info=true",
+        "--log-warning=true",
+        "--log-error=true",
+    ]
+    container_ports = {
+        p["name"]: p["containerPort"]
+        for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert container_ports["http"] == 8000  # the probes reach the engine's own HTTP port
+
+
+def test_an_instance_type_can_force_the_engine():
+    forced = Shape(name="gpu-smoke", gpus=1, engine="cpu")
+    assert forced.serving_engine == "cpu"
+    assert Shape(name="gpu", gpus=1).serving_engine == "tritonserver"
 
 
 @pytest.mark.parametrize("model", ["chat", LONG])

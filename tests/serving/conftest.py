@@ -18,15 +18,28 @@ def demo_model_dir(tmp_path_factory) -> Path:
     return make_demo_model(tmp_path_factory.mktemp("demo-model") / "weights")
 
 
-def write_repository(root: Path, weights: Path, *, name: str = MODEL_NAME, **engine_args) -> Path:
+def write_repository(
+    root: Path,
+    weights: Path,
+    *,
+    name: str = MODEL_NAME,
+    report_custom_metrics: str | None = "true",
+    **engine_args,
+) -> Path:
     """``root/<name>/config.pbtxt`` + ``root/<name>/1/model.json``, as the portal packages a
-    vLLM-backend version."""
+    vLLM-backend version (``REPORT_CUSTOM_METRICS`` "true"; ``None`` leaves the parameter out)."""
     model_dir = root / name
     (model_dir / "1").mkdir(parents=True)
+    parameters = (
+        f'parameters {{ key: "REPORT_CUSTOM_METRICS" value {{ string_value: '
+        f'"{report_custom_metrics}" }} }}\n'
+        if report_custom_metrics is not None
+        else ""
+    )
     (model_dir / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "vllm"\nmax_batch_size: 0\n'
         "model_transaction_policy { decoupled: true }\n"
-        "instance_group { count: 1 kind: KIND_MODEL }\n"
+        "instance_group { count: 1 kind: KIND_MODEL }\n" + parameters
     )
     args = {"model": str(weights), "tokenizer": str(weights), "disable_log_stats": False}
     (model_dir / "1" / "model.json").write_text(json.dumps({**args, **engine_args}))

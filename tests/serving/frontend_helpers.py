@@ -64,7 +64,12 @@ def kserve_engine(repository: Path) -> Iterator[Engine]:
     """``python -m serving.kserve`` on free ports, once it printed ``KSERVE READY``."""
     http, grpc_, metrics = free_port(), free_port(), free_port()
     command = [sys.executable, "-m", "serving.kserve", "--model-repository", str(repository)]
-    command += ["--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc_)]
+    command += [
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+    ]
+    command += ["--http-port", str(http), "--grpc-port", str(grpc_)]
     command += ["--metrics-port", str(metrics)]
     process = subprocess.Popen(
         command,

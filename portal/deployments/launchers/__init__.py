@@ -51,6 +51,7 @@ def version_set(deployment: Deployment, version: ModelVersion) -> VersionSet:
             accelerator=shape.accelerator,
             node_selector=dict(shape.node_selector),
             tolerations=list(shape.tolerations),
+            engine=shape.engine,
         ),
         image=f"{settings.SERVING_IMAGE_REPOSITORY}:{version.release.name}",
     )

@@ -21,6 +21,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from serving.instance.engines import engine_for_gpus
+
 
 def dns_label(*parts: str) -> str:
     """A valid DNS label (≤ 63 characters) from ``parts``; too long a name keeps a hash."""
@@ -42,6 +44,13 @@ class Shape:
     accelerator: str = ""
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
+    #: ``tritonserver``, ``cpu``, or ``auto`` (any GPU means tritonserver).
+    engine: str = "auto"
+
+    @property
+    def serving_engine(self) -> str:
+        """The engine an instance of this shape runs (``serving.instance --engine``)."""
+        return engine_for_gpus(self.gpus) if self.engine == "auto" else self.engine
 
 
 @dataclass(frozen=True)

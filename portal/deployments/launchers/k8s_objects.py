@@ -79,6 +79,7 @@ def deployment(
     package = f"{CACHE_MOUNT}/packages/{version_set.package_digest}.tar"
     command = [
         "python3", "-m", "serving.instance", "--package", package, "--workdir", "/work",
+        "--engine", shape.serving_engine,
         "--host", "0.0.0.0", "--http-port", str(PORTS["http"]), "--grpc-port", str(PORTS["grpc"]),
         "--metrics-port", str(PORTS["metrics"]), "--openai-port", str(PORTS["openai"]),
         "--ready-timeout", str(STARTUP_BUDGET_SECONDS), "--drain-timeout", str(drain_seconds),

@@ -79,6 +79,8 @@ class LocalLauncher(Launcher):
             str(version_set.package_path),
             "--workdir",
             str(directory / "work"),
+            "--engine",
+            version_set.shape.serving_engine,
             "--host",
             "127.0.0.1",
             *("--openai-port", "0", "--http-port", "0", "--grpc-port", "0"),

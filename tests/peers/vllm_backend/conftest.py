@@ -68,19 +68,17 @@ class Server:
             self.proc.wait()
 
 
-def start_server(repository: Path, log: Path, *, explicit_load: list[str] | None = None) -> Server:
-    """Start the CPU engine as ``tritonserver --model-repository=DIR [--model-control-mode=
-    explicit --load-model=NAME...]`` would start, on free ports; wait for it to be ready.
+def start_server(repository: Path, log: Path, server_args: list[str]) -> Server:
+    """``tritonserver --model-repository=DIR <server_args>`` with the CPU engine as the
+    executable, on free loopback ports; wait until it is ready.
 
-    Today's ``serving.kserve`` flags; when it takes tritonserver's own, this is the one edit.
-    The ports are free ones (the tests are adapted to read them from the environment), so the
-    suite never collides with anything listening on Triton's defaults."""
-    command = [sys.executable, "-m", "serving.kserve", "--model-repository", str(repository)]
-    command += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-    if explicit_load is not None:
-        command += ["--model-control-mode", "explicit"]
-        for name in explicit_load:
-            command += ["--model", name]
+    ``server_args`` are the test.sh's ``SERVER_ARGS`` as written. Only the ports and addresses
+    are added: free ones on 127.0.0.1 (the tests are adapted to read them from the
+    environment), so the suite never collides with anything on Triton's default ports."""
+    command = [sys.executable, "-m", "serving.kserve", f"--model-repository={repository}"]
+    command += server_args
+    for kind in ("http", "grpc", "metrics"):
+        command += [f"--{kind}-address=127.0.0.1", f"--{kind}-port=0"]
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -144,13 +142,13 @@ class Setup:
 
     build: Callable[[Path, str], None]
     log_name: str
-    explicit_load: list[str] | None = None
+    server_args: list[str]
     before_server: Callable[[], None] | None = None
 
     @property
     def server_key(self) -> str:
         """Setups with the same repository builder and flags start the same server."""
-        return f"{self.build.__name__}-{self.explicit_load}"
+        return f"{self.build.__name__}-{' '.join(self.server_args)}"
 
 
 def vllm_backend_repository(root: Path, weights: str) -> None:
@@ -194,18 +192,26 @@ def accuracy_baselines() -> None:
     )
 
 
-# enabled_stream, request_cancellation, accuracy_test and additional_outputs start the same
-# server (the sample repository, no flags but the repository): one serves them all. Its log
-# is named as request_cancellation_test.py reads it.
+# enabled_stream, request_cancellation and accuracy_test start the same server (the sample
+# repository, the same flags): one serves them all. Its log is named as
+# request_cancellation_test.py reads it.
 _SAMPLE = "request_cancellation_server.log"
+# Each test.sh's SERVER_ARGS without --model-repository (BACKEND_DIR=/opt/tritonserver/backends).
+BACKEND_DIR = "--backend-directory=/opt/tritonserver/backends"
+_SAMPLE_ARGS = [BACKEND_DIR, "--log-verbose=1"]
 MODULE_SETUPS: dict[str, Setup] = {
     "test_vllm_backend": Setup(
-        vllm_backend_repository, "vllm_backend_server.log", explicit_load=["vllm_opt"]
+        vllm_backend_repository,
+        "vllm_backend_server.log",
+        [BACKEND_DIR, "--model-control-mode=explicit", "--load-model=vllm_opt", "--log-verbose=1"],
     ),
-    "test_enabled_stream": Setup(sample_repository, _SAMPLE),
-    "test_request_cancellation": Setup(sample_repository, _SAMPLE),
-    "test_accuracy": Setup(sample_repository, _SAMPLE, before_server=accuracy_baselines),
-    "additional_outputs_test": Setup(sample_repository, _SAMPLE),
+    "test_enabled_stream": Setup(sample_repository, _SAMPLE, _SAMPLE_ARGS),
+    "test_request_cancellation": Setup(sample_repository, _SAMPLE, _SAMPLE_ARGS),
+    "test_accuracy": Setup(
+        sample_repository, _SAMPLE, _SAMPLE_ARGS, before_server=accuracy_baselines
+    ),
+    # L0_additional_outputs_vllm/test.sh: SERVER_ARGS="--model-repository=models"
+    "additional_outputs_test": Setup(sample_repository, _SAMPLE, []),
 }
 
 
@@ -257,13 +263,11 @@ def peer_server(
         patch.setenv("DEMO_MODEL_DIR", str(peer_demo_model))
         running = peer_servers.get(setup.server_key)
         if running is None:
-            workdir = tmp_path_factory.mktemp(setup.server_key)
+            workdir = tmp_path_factory.mktemp(module_name)
             repository = workdir / "models"
             repository.mkdir()
             setup.build(repository, str(peer_demo_model))
-            server = start_server(
-                repository, workdir / setup.log_name, explicit_load=setup.explicit_load
-            )
+            server = start_server(repository, workdir / setup.log_name, setup.server_args)
             running = peer_servers[setup.server_key] = Running(server, workdir)
         server = running.server
         patch.chdir(running.workdir)
