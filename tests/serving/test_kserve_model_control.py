@@ -61,8 +61,10 @@ def http_client(explicit: KServeProcess) -> Any:
 
 
 def index_of(client: Any) -> dict[str, dict[str, str]]:
-    rows = client.get_model_repository_index(as_json=True)
-    rows = rows["models"] if isinstance(rows, dict) else rows
+    if isinstance(client, grpcclient.InferenceServerClient):
+        rows = client.get_model_repository_index(as_json=True).get("models", [])
+    else:
+        rows = client.get_model_repository_index()
     return {row["name"]: row for row in rows}
 
 
