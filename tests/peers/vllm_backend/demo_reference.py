@@ -20,8 +20,8 @@ def _model() -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = os.environ["DEMO_MODEL_DIR"]
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     return tokenizer, model
 
 
@@ -102,3 +102,10 @@ class DemoGreedyEngine:
         else:
             text = greedy_text(prompt, sampling_params.max_tokens)
         yield SimpleNamespace(outputs=[SimpleNamespace(text=text)], finished=True)
+
+
+def prompt_tokens(prompts: list[str]) -> int:
+    """How many tokens the demo tokenizer makes of ``prompts`` together (vLLM's
+    ``vllm:prompt_tokens_total`` after one request each)."""
+    tokenizer, _ = _model()
+    return sum(len(tokenizer(prompt).input_ids) for prompt in prompts)

@@ -96,6 +96,7 @@ def test_vllm_metrics(
     server = start_server(repository, tmp_path / "vllm_metrics_server.log", SERVER_ARGS + flags)
     try:
         monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("DEMO_MODEL_DIR", str(peer_demo_model))
         monkeypatch.setenv("TRITON_GRPC_URL", f"localhost:{server.grpc}")
         # --allow-metrics=false: no metrics port (reported as 0); a port nobody listens on.
         monkeypatch.setenv("TRITON_METRICS_PORT", str(server.metrics or _free_port()))

@@ -37,6 +37,8 @@ from tritonclient.utils import *
 sys.path.append("../../common")
 from test_util import TestResultCollector, UserData, callback, create_vllm_request
 
+from demo_reference import prompt_tokens as demo_prompt_tokens
+
 
 class VLLMTritonMetricsTest(TestResultCollector):
     def setUp(self):
@@ -129,7 +131,7 @@ class VLLMTritonMetricsTest(TestResultCollector):
         # (2, 133, 812, 9, 1470, 16)
         # (2, 133, 499, 9, 4687, 16)
         self.assertEqual(
-            metrics_dict["vllm:prompt_tokens_total"], 18 * self.inference_count
+            metrics_dict["vllm:prompt_tokens_total"], demo_prompt_tokens(self.prompts) * self.inference_count
         )
         # vllm:generation_tokens_total
         # (5, 65, 14, 16, 144, 533, 7, 28, 848, 30, 10, 512, 4, 50118, 100, 437)
@@ -174,7 +176,7 @@ class VLLMTritonMetricsTest(TestResultCollector):
             total_prompts * self.inference_count,
         )
         self.assertEqual(
-            metrics_dict["vllm:request_prompt_tokens_sum"], 18 * self.inference_count
+            metrics_dict["vllm:request_prompt_tokens_sum"], demo_prompt_tokens(self.prompts) * self.inference_count
         )
         self.assertEqual(
             metrics_dict["vllm:request_prompt_tokens_bucket"],
