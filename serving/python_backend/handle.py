@@ -237,18 +237,19 @@ class PythonModelHandle:
         """Start the process and load the model; :class:`ModelLoadError` says why not."""
         if self.state in (State.LOADING, State.READY):
             raise ModelLoadError(f"model '{self.name}' is already {self.state.lower()}")
+        await self._stop_process(0)  # what is left of a failed process
         self.state = State.LOADING
         self.failure = None
         try:
             await asyncio.wait_for(self._load(), self.load_timeout_s)
         except TimeoutError:
-            await self._stop_process()
+            await self._stop_process(0)
             self._failed(
                 f"loading model '{self.name}' did not finish within {self.load_timeout_s:g} s"
             )
             raise ModelLoadError(self.failure or "") from None
         except (ModelLoadError, model_config.ConfigError) as exc:
-            await self._stop_process()
+            await self._stop_process(0)  # nothing of it is worth waiting for
             self._failed(str(exc))
             raise ModelLoadError(str(exc)) from None
         self.state = State.READY
