@@ -84,5 +84,7 @@ def test_custom_metrics_logs_and_request_details(caplog):
     with caplog.at_level(logging.INFO, logger="serving.python_backend.model.observed"):
         run(scenario())
     messages = [(r.levelno, r.getMessage()) for r in caplog.records]
-    assert (logging.INFO, "model.py:22] initialized observed") in messages
+    source = (MODELS / "observed" / "1" / "model.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "log_info" in text)
+    assert (logging.INFO, f"model.py:{line}] initialized observed") in messages
     assert any(level == logging.WARNING and m.endswith("] saw 50.0") for level, m in messages)
