@@ -2,7 +2,7 @@
 ``config.pbtxt`` run here unchanged, each model in a process of its own, driven from the
 server's event loop through :class:`PythonModelHandle`. See ``docs/python_backend.md``."""
 
-from serving.python_backend.handle import BlsCallback, PythonModelHandle, State
+from serving.python_backend.handle import BlsCallback, ExecutionStats, PythonModelHandle, State
 from serving.python_backend.types import (
     ModelError,
     ModelLoadError,
@@ -13,6 +13,7 @@ from serving.python_backend.types import (
 
 __all__ = [
     "BlsCallback",
+    "ExecutionStats",
     "ModelError",
     "ModelLoadError",
     "ModelRequest",

@@ -71,6 +71,17 @@ READY_CHECK_TIMEOUT_S = 5.0  # Triton's limit on a model's is_ready()
 _LOG_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG)
 
 
+@dataclass
+class ExecutionStats:
+    """What Triton's per-model ``nv_inference_exec_count``/``nv_inference_count`` and compute
+    duration report: execute calls, the requests (batch-size units) they carried, and the
+    time spent in them."""
+
+    execution_count: int = 0
+    inference_count: int = 0
+    compute_ns: int = 0
+
+
 class State:
     UNLOADED = "UNLOADED"
     LOADING = "LOADING"
@@ -183,8 +194,10 @@ class PythonModelHandle:
         self._ids = itertools.count(1)
         self._has_is_ready = False
         self._kill_reason: str | None = None
-        self._inputs: dict[str, model_config.TensorSpec] = {}
-        self._outputs: dict[str, model_config.TensorSpec] = {}
+        # The configuration's tensors (for metadata); filled at load.
+        self.inputs: dict[str, model_config.TensorSpec] = {}
+        self.outputs: dict[str, model_config.TensorSpec] = {}
+        self.stats = ExecutionStats()
 
     # --- what the server reads -----------------------------------------------------------------
 
@@ -282,8 +295,8 @@ class PythonModelHandle:
         model_config.normalize(config)
         model_config.validate(config)
         self.config = config
-        self._inputs = model_config.input_specs(config)
-        self._outputs = model_config.output_specs(config)
+        self.inputs = model_config.input_specs(config)
+        self.outputs = model_config.output_specs(config)
         args = {
             "model_config": model_config.to_json(config),
             "model_instance_kind": "CPU",
@@ -387,7 +400,7 @@ class PythonModelHandle:
             reason = f": {self.failure}" if self.failure else ""
             raise ModelError(UNAVAILABLE, f"model '{self.name}' is not ready{reason}")
         checked = check_request(
-            self.name, self.config.max_batch_size, self._inputs, self._outputs, request
+            self.name, self.config.max_batch_size, self.inputs, self.outputs, request
         )
         pending = _Pending(next(self._ids), checked, request)
         self._queue.append(pending)
@@ -513,9 +526,13 @@ class PythonModelHandle:
             self._batches[batch_id] = finished
             for pending in batch:
                 self._in_flight[pending.key] = pending
+            started = time.perf_counter_ns()
+            self.stats.execution_count += 1
+            self.stats.inference_count += sum(p.checked.batch_size for p in batch)
             await self._send(("execute", batch_id, [p.payload() for p in batch]))
             try:
                 await asyncio.wait_for(asyncio.shield(finished), self.execute_timeout_s)
+                self.stats.compute_ns += time.perf_counter_ns() - started
             except TimeoutError:
                 self._kill(
                     f"execute of model '{self.name}' did not return within "

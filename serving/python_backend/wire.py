@@ -26,7 +26,6 @@ _ALLOWED = {
     ("numpy._core.multiarray", "scalar"),
     ("numpy.core.numeric", "_frombuffer"),
     ("numpy._core.numeric", "_frombuffer"),
-    ("numpy.dtypes", "Float32DType"),
 }
 
 

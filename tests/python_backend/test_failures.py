@@ -38,6 +38,9 @@ def test_execute_errors_become_error_responses_and_the_model_keeps_serving():
             assert "Number of InferenceResponse objects do not match" in wrong_count.message
             response = await handle.infer(mode(0))
             assert response.output("OUT").data.tolist() == [0]
+            through_sender = await handle.infer(mode(7))
+            assert through_sender.output("OUT").data.tolist() == [7]
+            assert handle.stats.execution_count == 5 and handle.stats.inference_count == 5
         finally:
             await handle.close()
 

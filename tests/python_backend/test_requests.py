@@ -173,3 +173,57 @@ def test_leaving_a_stream_cancels_the_request_in_the_model():
             await handle.close()
 
     run(scenario())
+
+
+def test_async_decoupled_executions_overlap_and_their_errors_reach_the_request():
+    async def scenario():
+        handle = PythonModelHandle(MODELS / "async_decoupled")
+        await handle.load()
+        try:
+
+            async def call(wait: float) -> list:
+                wait_tensor = ("WAIT", "FP32", np.array([wait], np.float32))
+                return [r async for r in handle.stream(request(wait_tensor))]
+
+            _, second = await asyncio.gather(call(1.0), call(1.0))
+            # The second execute began while the first was still waiting.
+            assert second[0].output("PEAK").data.tolist() == [2]
+            failed = await call(-1.0)
+            assert failed[-1].final and failed[-1].error is not None
+            assert "RuntimeError: negative wait" in failed[-1].error.message
+        finally:
+            await handle.close()
+
+    run(scenario())
+
+
+def test_a_request_cancelled_while_queued_never_reaches_execute():
+    async def scenario():
+        handle = PythonModelHandle(MODELS / "repeat")
+        await handle.load()
+        try:
+            slow = request(
+                ("IN", "INT32", np.arange(10, dtype=np.int32)),
+                ("DELAY", "FP32", np.array([0.05], np.float32)),
+            )
+            busy = asyncio.create_task(_collect(handle, slow))
+            queued = asyncio.create_task(
+                _collect(handle, request(("IN", "INT32", np.array([99], np.int32))))
+            )
+            while len(handle._queue) < 1:
+                await asyncio.sleep(0.01)
+            queued.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await queued
+            assert not handle._queue
+            first = await busy
+            assert [r.output("OUT").data[0] for r in first[:-1]] == list(range(10))
+            assert handle.stats.execution_count == 1  # the cancelled one never ran
+        finally:
+            await handle.close()
+
+    run(scenario())
+
+
+async def _collect(handle: PythonModelHandle, req) -> list:
+    return [r async for r in handle.stream(req)]

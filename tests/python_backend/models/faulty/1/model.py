@@ -23,6 +23,14 @@ class TritonPythonModel:
             np.ones(2**34, dtype=np.uint8)  # 16 GiB, past the memory limit the test sets
         if mode == 6:
             return []
+        if mode == 7:  # default mode may answer through the response sender too (24.06+)
+            for request in requests:
+                out = pb_utils.Tensor("OUT", np.array([7], np.int32))
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse([out]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+            return None
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([mode], np.int32))])
             for _ in requests
