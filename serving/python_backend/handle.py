@@ -431,11 +431,12 @@ class PythonModelHandle:
                 f"model '{self.name}' uses the decoupled transaction policy: use a stream",
             )
         result: ModelResponse | None = None
-        async for response in self.stream(request):
-            if response.error is not None:
-                raise response.error
-            if response.outputs or result is None:
-                result = response
+        async with contextlib.aclosing(self.stream(request)) as responses:
+            async for response in responses:
+                if response.error is not None:
+                    raise response.error
+                if response.outputs or result is None:
+                    result = response
         assert result is not None
         return ModelResponse(result.outputs, result.parameters, True)
 
@@ -583,8 +584,8 @@ class PythonModelHandle:
             f"Stub process '{self.instance_name}' is not healthy: the process of model "
             f"'{self.name}' {how}"
         )
+        self._control.put_nowait(("died", reason))  # for a load or a close waiting on it
         if self.state == State.LOADING:
-            self._control.put_nowait(("died", reason))
             return
         if self.state == State.READY:
             self._failed(reason)
