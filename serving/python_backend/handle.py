@@ -35,7 +35,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -407,7 +407,7 @@ class PythonModelHandle:
         self._arrived.set()
         return pending
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelResponse]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelResponse, None]:
         """Every response of one request, the last with ``final`` set. Raises
         :class:`ModelError` for a request refused before it is queued; errors of the model
         arrive as responses with ``error`` set. Leaving early cancels the request."""
