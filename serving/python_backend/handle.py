@@ -1,8 +1,9 @@
 """The server's side of one Python-backend model: :class:`PythonModelHandle`.
 
-The model's ``model.py`` runs in a process of its own (:mod:`serving.python_backend.stub`), as
-under Triton's stub, so whatever the author's code does (crash, hang, exhaust memory) ends that
-process only: the handle reports it, fails the requests it had, and can :meth:`restart` it.
+The model's ``model.py`` runs in processes of its own (:mod:`serving.python_backend.stub`), one
+per model instance as under Triton's stub, so whatever the author's code does (crash, hang,
+exhaust memory) ends those processes only: the handle reports it, fails the requests they had,
+and can :meth:`restart` the model.
 
 What the handle does on the server's event loop:
 
@@ -10,7 +11,7 @@ What the handle does on the server's event loop:
   ``auto_complete_config``, check and normalize the completed configuration, ``initialize``.
   Any failure is a :class:`ModelLoadError` whose message says where and why; nothing serves.
 * **requests**: checked as Triton core checks them (:mod:`validation`), queued, and handed to
-  ``execute`` one batch at a time. With ``max_batch_size > 0`` and ``dynamic_batching``, the
+  ``execute`` one batch at a time per instance. With ``max_batch_size > 0`` and ``dynamic_batching``, the
   requests waiting (up to ``max_queue_delay_microseconds`` for more) go to one ``execute`` call
   as a list, each request keeping its own tensors: Triton's Python backend does not concatenate
   them either. Otherwise each ``execute`` gets one request.
@@ -140,15 +141,56 @@ def _payload(response: ModelResponse) -> tuple[Any, ...]:
     )
 
 
+@dataclass(eq=False)
+class _Instance:
+    """One process of the model (Triton: one stub per model instance)."""
+
+    name: str  # Triton's instance name: <instance group>_<index in the group>
+    process: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    control: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    kill_reason: str | None = None
+    busy: bool = False
+    has_is_ready: bool = False
+    ready_check: asyncio.Future[bool] | None = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def write(self, message: Any) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(encode(message))
+
+    async def send(self, message: Any) -> None:
+        if self.writer is None:
+            raise ModelError(UNAVAILABLE, f"model instance '{self.name}' has no process")
+        self.writer.write(encode(message))
+        await self.writer.drain()
+
+    def kill(self, reason: str | None = None) -> None:
+        if reason is not None and self.kill_reason is None:
+            self.kill_reason = reason
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def expect(self, kind: str) -> Any:
+        message = await self.control.get()
+        if message[0] == kind:
+            return message[1]
+        raise ModelLoadError(str(message[1]))
+
+
 class PythonModelHandle:
-    """One Python-backend model of a repository, served from its own process.
+    """One Python-backend model of a repository, served from processes of its own: one per
+    model instance its ``instance_group`` asks for, as Triton's Python backend does.
 
     ``model_dir`` is ``<repository>/<model name>``; ``version`` picks a version directory
     (default: the latest). ``bls`` routes the model's BLS calls; ``model_ready`` answers its
     ``pb_utils.is_model_ready``. ``execute_timeout_s`` bounds one ``execute`` call (Triton has
-    no such limit; a hung model otherwise holds its requests forever): past it the process is
-    killed and the handle reports FAILED. ``memory_limit_bytes`` caps the process's address
-    space (``RLIMIT_AS``): a model that exceeds it gets ``MemoryError`` in its own code.
+    no such limit; a hung model otherwise holds its requests forever): past it the processes
+    are killed and the handle reports FAILED. ``memory_limit_bytes`` caps each process's
+    address space (``RLIMIT_AS``): a model that exceeds it gets ``MemoryError`` in its code.
     """
 
     def __init__(
@@ -179,25 +221,22 @@ class PythonModelHandle:
         self.state = State.UNLOADED
         self.failure: str | None = None
         self.metrics = CustomMetrics()
-        self.log = logging.getLogger(f"serving.python_backend.model.{self.name}")
-        self._process: asyncio.subprocess.Process | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._control: asyncio.Queue[Any] = asyncio.Queue()
-        self._queue: deque[_Pending] = deque()
-        self._arrived = asyncio.Event()
-        self._in_flight: dict[int, _Pending] = {}
-        self._batches: dict[int, asyncio.Future[None]] = {}
-        self._ready_checks: dict[int, asyncio.Future[bool]] = {}
-        self._ready_check: asyncio.Future[bool] | None = None
-        self._bls_calls: dict[int, asyncio.Task[None]] = {}
-        self._ids = itertools.count(1)
-        self._has_is_ready = False
-        self._kill_reason: str | None = None
+        self.stats = ExecutionStats()
         # The configuration's tensors (for metadata); filled at load.
         self.inputs: dict[str, model_config.TensorSpec] = {}
         self.outputs: dict[str, model_config.TensorSpec] = {}
-        self.stats = ExecutionStats()
+        self.log = logging.getLogger(f"serving.python_backend.model.{self.name}")
+        self._instances: list[_Instance] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._queue: deque[_Pending] = deque()
+        self._arrived = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._in_flight: dict[int, _Pending] = {}
+        self._where: dict[int, _Instance] = {}  # request key -> the instance executing it
+        self._batches: dict[int, asyncio.Future[None]] = {}
+        self._ready_checks: dict[int, asyncio.Future[bool]] = {}
+        self._bls_calls: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._ids = itertools.count(1)
 
     # --- what the server reads -----------------------------------------------------------------
 
@@ -206,37 +245,43 @@ class PythonModelHandle:
         return model_config.is_decoupled(self.config)
 
     @property
-    def instance_name(self) -> str:
-        group = self.config.instance_group[0].name if self.config.instance_group else self.name
-        return f"{group}_0"
+    def instance_names(self) -> list[str]:
+        return [instance.name for instance in self._instances]
 
     def config_dict(self) -> dict[str, Any]:
         """The configuration as Triton's JSON (what ``initialize`` got)."""
         return model_config.to_dict(self.config)
 
     def is_ready(self) -> bool:
-        """Loaded and its process alive (Triton's readiness when ``is_ready`` is not defined)."""
+        """Loaded and every process alive (Triton's readiness when ``is_ready`` is not
+        defined)."""
         return (
             self.state == State.READY
-            and self._process is not None
-            and self._process.returncode is None
+            and bool(self._instances)
+            and all(i.alive() for i in self._instances)
         )
 
     async def model_ready(self) -> bool:
-        """:meth:`is_ready`, then the model's own ``is_ready()`` if it has one (at most one
-        call in flight, a 5 s limit, as in Triton)."""
+        """:meth:`is_ready`, then the model's own ``is_ready()`` in every instance if it has
+        one (at most one call in flight per instance, a 5 s limit, as in Triton)."""
         if not self.is_ready():
             return False
-        if not self._has_is_ready:
+        results = await asyncio.gather(*(self._instance_ready(i) for i in self._instances))
+        return all(results)
+
+    async def _instance_ready(self, instance: _Instance) -> bool:
+        if not instance.has_is_ready:
             return True
-        if self._ready_check is None or self._ready_check.done():
+        if instance.ready_check is None or instance.ready_check.done():
             call_id = next(self._ids)
             future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._ready_checks[call_id] = future
-            self._ready_check = future
-            await self._send(("is_ready", call_id))
+            instance.ready_check = future
+            await instance.send(("is_ready", call_id))
         try:
-            return await asyncio.wait_for(asyncio.shield(self._ready_check), READY_CHECK_TIMEOUT_S)
+            return await asyncio.wait_for(
+                asyncio.shield(instance.ready_check), READY_CHECK_TIMEOUT_S
+            )
         except TimeoutError:
             return False
 
@@ -247,46 +292,49 @@ class PythonModelHandle:
     # --- life cycle ----------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Start the process and load the model; :class:`ModelLoadError` says why not."""
+        """Start the processes and load the model; :class:`ModelLoadError` says why not."""
         if self.state in (State.LOADING, State.READY):
             raise ModelLoadError(f"model '{self.name}' is already {self.state.lower()}")
-        await self._stop_process(0)  # what is left of a failed process
+        await self._stop(0)  # what is left of failed processes
         self.state = State.LOADING
         self.failure = None
         try:
             await asyncio.wait_for(self._load(), self.load_timeout_s)
         except TimeoutError:
-            await self._stop_process(0)
+            await self._stop(0)
             self._failed(
                 f"loading model '{self.name}' did not finish within {self.load_timeout_s:g} s"
             )
             raise ModelLoadError(self.failure or "") from None
-        except (ModelLoadError, model_config.ConfigError) as exc:
-            await self._stop_process(0)  # nothing of it is worth waiting for
+        except model_config.ConfigError as exc:
+            await self._stop(0)
             self._failed(str(exc))
-            raise ModelLoadError(str(exc)) from None
+            raise ModelLoadError(self.failure or "") from None
+        except ModelLoadError as exc:
+            await self._stop(0)  # nothing of it is worth waiting for
+            self._failed(f"model '{self.name}': {exc}")
+            raise ModelLoadError(self.failure or "") from None
         self.state = State.READY
-        self._tasks.append(asyncio.create_task(self._schedule(), name=f"{self.name}-scheduler"))
+        self._spawn(self._schedule(), "scheduler")
 
     async def _load(self) -> None:
         config = model_config.read_config(self.model_dir)
         version_dir = model_config.find_version(self.model_dir, config, self._version_wanted)
         self.version = version_dir.name
-        await self._start_process()
-        await self._send(
-            (
-                "load",
-                {
-                    "name": self.name,
-                    "version": self.version,
-                    "version_dir": str(version_dir),
-                    "filename": config.default_model_filename or "model.py",
-                    "config": model_config.to_json(config),
-                    "auto_complete": self.auto_complete,
-                },
-            )
-        )
-        completed = await self._expect("auto_completed")
+        named = mc.ModelConfig()
+        named.CopyFrom(config)
+        model_config.normalize(named)
+        first = await self._start_instance(f"{named.instance_group[0].name}_0")
+        info = {
+            "name": self.name,
+            "version": self.version,
+            "version_dir": str(version_dir),
+            "filename": config.default_model_filename or "model.py",
+            "config": model_config.to_json(config),
+            "auto_complete": self.auto_complete,
+        }
+        await first.send(("load", info))
+        completed = await first.expect("auto_completed")
         if completed is not None:
             origin = f"auto_complete_config of model '{self.name}'"
             config = model_config.from_json(completed, origin)
@@ -297,6 +345,12 @@ class PythonModelHandle:
         self.config = config
         self.inputs = model_config.input_specs(config)
         self.outputs = model_config.output_specs(config)
+        names = [f"{g.name}_{i}" for g in config.instance_group for i in range(g.count)]
+        first.name = names[0]
+        others = [await self._start_instance(name) for name in names[1:]]
+        for instance in others:
+            await instance.send(("load", {**info, "auto_complete": False}))
+        await asyncio.gather(*(instance.expect("auto_completed") for instance in others))
         args = {
             "model_config": model_config.to_json(config),
             "model_instance_kind": "CPU",
@@ -305,44 +359,51 @@ class PythonModelHandle:
             "model_version": self.version,
             "model_name": self.name,
         }
-        await self._send(("initialize", args))
-        self._has_is_ready = bool(await self._expect("initialized"))
-
-    async def _expect(self, kind: str) -> Any:
-        message = await self._control.get()
-        if message[0] == kind:
-            return message[1]
-        raise ModelLoadError(f"model '{self.name}': {message[1]}")
+        for instance in self._instances:
+            await instance.send(("initialize", args))
+        ready = await asyncio.gather(*(i.expect("initialized") for i in self._instances))
+        for instance, has_is_ready in zip(self._instances, ready, strict=True):
+            instance.has_is_ready = bool(has_is_ready)
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """``finalize()`` the model and end its process; pending requests fail UNAVAILABLE."""
+        """``finalize()`` the model in every process and end them; pending requests fail
+        UNAVAILABLE."""
         if self.is_ready():
             self.state = State.UNLOADED
             self._fail_all(UNAVAILABLE, f"model '{self.name}' is being unloaded")
-            with contextlib.suppress(Exception):
-                await self._send(("finalize",))
-                with contextlib.suppress(TimeoutError):
-                    message = await asyncio.wait_for(self._control.get(), timeout_s)
-                    if message[0] == "finalized" and message[1]:
-                        self.log.error("finalize of model '%s' failed: %s", self.name, message[1])
-        await self._stop_process(timeout_s)
+            await asyncio.gather(*(self._finalize(i, timeout_s) for i in self._instances))
+        await self._stop(timeout_s)
         self.state = State.UNLOADED
 
+    async def _finalize(self, instance: _Instance, timeout_s: float) -> None:
+        with contextlib.suppress(Exception):
+            await instance.send(("finalize",))
+            with contextlib.suppress(TimeoutError):
+                message = await asyncio.wait_for(instance.control.get(), timeout_s)
+                if message[0] == "finalized" and message[1]:
+                    self.log.error("finalize of model '%s' failed: %s", self.name, message[1])
+
     async def restart(self) -> None:
-        """A fresh process for the model (after a crash, a hang or on demand)."""
+        """Fresh processes for the model (after a crash, a hang or on demand)."""
         await self.close()
         await self.load()
 
-    async def _start_process(self) -> None:
+    def _spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=f"{self.name}-{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _start_instance(self, name: str) -> _Instance:
+        instance = _Instance(name)
+        self._instances.append(instance)
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         if self.memory_limit_bytes:
             env["PYTHON_BACKEND_MEMORY_LIMIT"] = str(self.memory_limit_bytes)
-        self._control = asyncio.Queue()
-        self._kill_reason = None
         try:
-            self._process = await asyncio.create_subprocess_exec(
+            instance.process = await asyncio.create_subprocess_exec(
                 self.python,
                 "-m",
                 "serving.python_backend.stub",
@@ -353,40 +414,36 @@ class PythonModelHandle:
             )
         finally:
             child.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
-        self._tasks.append(asyncio.create_task(self._read(reader), name=f"{self.name}-reader"))
+        reader, instance.writer = await asyncio.open_unix_connection(sock=parent)
+        self._spawn(self._read(instance, reader), f"reader-{name}")
+        return instance
 
-    async def _stop_process(self, timeout_s: float = 10.0) -> None:
-        process = self._process
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), timeout_s)
-            if process.returncode is None:
-                self._kill()
+    async def _stop(self, timeout_s: float = 10.0) -> None:
+        """End every process (waiting up to ``timeout_s`` for those finalizing) and every
+        task of the handle."""
+        for instance in self._instances:
+            process = instance.process
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), timeout_s)
+                instance.kill()
                 await process.wait()
-        if self._writer is not None:
-            self._writer.close()
+            if instance.writer is not None:
+                instance.writer.close()
         current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
-        for task in self._tasks:
-            if task is not current:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        self._tasks = []
-        for call in self._bls_calls.values():
-            call.cancel()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._instances = []
         self._bls_calls.clear()
         self.metrics.clear()
 
-    def _kill(self, reason: str | None = None) -> None:
-        if reason is not None:
-            self._kill_reason = reason
-        process = self._process
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+    def _kill_all(self, reason: str) -> None:
+        for instance in self._instances:
+            instance.kill(reason)
 
     def _failed(self, reason: str) -> None:
         self.state = State.FAILED
@@ -446,14 +503,15 @@ class PythonModelHandle:
             self._queue.remove(pending)
             pending.done = True
             return
-        if pending.key in self._in_flight and self._writer is not None:
-            with contextlib.suppress(Exception):
-                self._writer.write(encode(("cancel", pending.key)))
+        instance = self._where.get(pending.key)
+        if instance is not None:
+            instance.write(("cancel", pending.key))
 
     def _deliver(self, pending: _Pending, response: ModelResponse) -> None:
         if response.final:
             pending.done = True
             self._in_flight.pop(pending.key, None)
+            self._where.pop(pending.key, None)
         if not pending.cancelled:
             pending.responses.put_nowait(response)
 
@@ -462,6 +520,7 @@ class PythonModelHandle:
         for pending in list(self._in_flight.values()) + list(self._queue):
             self._deliver(pending, ModelResponse([], {}, True, error))
         self._in_flight.clear()
+        self._where.clear()
         self._queue.clear()
         for future in self._batches.values():
             if not future.done():
@@ -513,66 +572,83 @@ class PythonModelHandle:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
         return batch
 
+    async def _free_instance(self) -> _Instance:
+        while True:
+            for instance in self._instances:
+                if not instance.busy:
+                    return instance
+            self._freed.clear()
+            await self._freed.wait()
+
     async def _schedule(self) -> None:
+        """Hand batches to free instances, one batch per instance at a time."""
         while self.is_ready():
+            instance = await self._free_instance()
             batch = await self._next_batch()
             if not self.is_ready():
                 for pending in batch:
-                    self._deliver(
-                        pending, ModelResponse([], {}, True, ModelError(UNAVAILABLE, "unloaded"))
-                    )
+                    error = ModelError(UNAVAILABLE, f"model '{self.name}' is not ready")
+                    self._deliver(pending, ModelResponse([], {}, True, error))
                 return
-            batch_id = next(self._ids)
-            finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._batches[batch_id] = finished
+            instance.busy = True
+            self._spawn(self._execute(instance, batch), f"execute-{instance.name}")
+
+    async def _execute(self, instance: _Instance, batch: list[_Pending]) -> None:
+        if not self.is_ready():  # an instance died since the batch was formed
             for pending in batch:
-                self._in_flight[pending.key] = pending
-            started = time.perf_counter_ns()
-            self.stats.execution_count += 1
-            self.stats.inference_count += sum(p.checked.batch_size for p in batch)
-            await self._send(("execute", batch_id, [p.payload() for p in batch]))
-            try:
-                await asyncio.wait_for(asyncio.shield(finished), self.execute_timeout_s)
-                self.stats.compute_ns += time.perf_counter_ns() - started
-            except TimeoutError:
-                self._kill(
-                    f"execute of model '{self.name}' did not return within "
-                    f"{self.execute_timeout_s:g} s; its process was stopped"
-                )
-                await finished
-                return
-            finally:
-                self._batches.pop(batch_id, None)
+                error = ModelError(INTERNAL, self.failure or f"model '{self.name}' is not ready")
+                self._deliver(pending, ModelResponse([], {}, True, error))
+            instance.busy = False
+            return
+        batch_id = next(self._ids)
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batches[batch_id] = finished
+        for pending in batch:
+            self._in_flight[pending.key] = pending
+            self._where[pending.key] = instance
+        started = time.perf_counter_ns()
+        self.stats.execution_count += 1
+        self.stats.inference_count += sum(p.checked.batch_size for p in batch)
+        try:
+            await instance.send(("execute", batch_id, [p.payload() for p in batch]))
+            await asyncio.wait_for(asyncio.shield(finished), self.execute_timeout_s)
+            self.stats.compute_ns += time.perf_counter_ns() - started
+        except TimeoutError:
+            instance.kill(
+                f"execute of model '{self.name}' did not return within "
+                f"{self.execute_timeout_s:g} s; its process was stopped"
+            )
+            await finished
+        except (ModelError, ConnectionError, OSError):
+            await finished  # the process is gone; its end fails the batch
+        finally:
+            self._batches.pop(batch_id, None)
+            instance.busy = False
+            self._freed.set()
 
-    async def _send(self, message: Any) -> None:
-        if self._writer is None:
-            raise ModelError(UNAVAILABLE, f"model '{self.name}' has no process")
-        self._writer.write(encode(message))
-        await self._writer.drain()
+    # --- what the processes send ---------------------------------------------------------------
 
-    # --- what the process sends ----------------------------------------------------------------
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    async def _read(self, instance: _Instance, reader: asyncio.StreamReader) -> None:
         try:
             while True:
                 message = await read_message(reader)
                 if message is None:
                     break
-                self._dispatch(message)
+                self._dispatch(instance, message)
         except (ConnectionError, OSError):
             pass
         except Exception as exc:  # a garbled stream ends the process
-            self._kill(f"model '{self.name}' sent an invalid message: {exc}")
-        await self._exited()
+            instance.kill(f"model instance '{instance.name}' sent an invalid message: {exc}")
+        await self._exited(instance)
 
-    async def _exited(self) -> None:
-        process = self._process
+    async def _exited(self, instance: _Instance) -> None:
+        process = instance.process
         if process is not None:
             if process.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(process.wait(), 5.0)
             if process.returncode is None:
-                self._kill()
+                instance.kill()
                 await process.wait()
         code = process.returncode if process is not None else None
         how = (
@@ -580,18 +656,21 @@ class PythonModelHandle:
             if code is not None and code < 0
             else f"exited with code {code}"
         )
-        reason = self._kill_reason or (
-            f"Stub process '{self.instance_name}' is not healthy: the process of model "
+        reason = instance.kill_reason or (
+            f"Stub process '{instance.name}' is not healthy: the process of model "
             f"'{self.name}' {how}"
         )
-        self._control.put_nowait(("died", reason))  # for a load or a close waiting on it
+        instance.control.put_nowait(("died", reason))  # for a load or a close waiting on it
         if self.state == State.LOADING:
             return
         if self.state == State.READY:
+            # Like Triton, the model is not ready once one of its instances is unhealthy; the
+            # other processes are stopped too, so a restart starts from a clean slate.
             self._failed(reason)
+            self._kill_all(reason)
         self._fail_all(INTERNAL, reason)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
+    def _dispatch(self, instance: _Instance, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "send":
             _, key, payload, flags = message
@@ -627,15 +706,16 @@ class PythonModelHandle:
             self._batch_done(batch_id)
         elif kind == "call":
             _, call_id, op, args = message
-            self._answer_call(call_id, op, args)
+            self._answer_call(instance, call_id, op, args)
         elif kind == "notify":
             self._notified(message[1], message[2])
         elif kind == "bls":
             _, call_id, payload, decoupled = message
-            task = asyncio.create_task(self._run_bls(call_id, payload, decoupled))
-            self._bls_calls[call_id] = task
+            self._bls_calls[(id(instance), call_id)] = self._spawn(
+                self._run_bls(instance, call_id, payload, decoupled), "bls"
+            )
         elif kind == "bls_cancel":
-            cancelled = self._bls_calls.pop(message[1], None)
+            cancelled = self._bls_calls.pop((id(instance), message[1]), None)
             if cancelled is not None:
                 cancelled.cancel()
         elif kind == "ready_result":
@@ -646,19 +726,16 @@ class PythonModelHandle:
             if check is not None and not check.done():
                 check.set_result(bool(ready))
         else:  # load-phase answers: auto_completed, initialized, load_error, finalized
-            self._control.put_nowait(message)
+            instance.control.put_nowait(message)
 
     def _batch_done(self, batch_id: int) -> None:
         finished = self._batches.get(batch_id)
         if finished is not None and not finished.done():
             finished.set_result(None)
 
-    def _reply(self, message: tuple[Any, ...]) -> None:
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                self._writer.write(encode(message))
-
-    def _answer_call(self, call_id: int, op: str, args: tuple[Any, ...]) -> None:
+    def _answer_call(
+        self, instance: _Instance, call_id: int, op: str, args: tuple[Any, ...]
+    ) -> None:
         metrics = self.metrics
         operations: dict[str, Callable[..., Any]] = {
             "family_create": metrics.create_family,
@@ -673,9 +750,9 @@ class PythonModelHandle:
         try:
             if operation is None:
                 raise MetricError(f"unknown operation '{op}'")
-            self._reply(("reply", call_id, True, operation(*args)))
+            instance.write(("reply", call_id, True, operation(*args)))
         except (MetricError, TypeError, ValueError) as exc:
-            self._reply(("reply", call_id, False, str(exc)))
+            instance.write(("reply", call_id, False, str(exc)))
 
     def _is_model_ready(self, name: str, version: str) -> bool:
         if name == self.name and version in ("", self.version):
@@ -693,7 +770,9 @@ class PythonModelHandle:
         elif op == "family_delete":
             self.metrics.delete_family(args[0])
 
-    async def _run_bls(self, call_id: int, payload: dict[str, Any], decoupled: bool) -> None:
+    async def _run_bls(
+        self, instance: _Instance, call_id: int, payload: dict[str, Any], decoupled: bool
+    ) -> None:
         """One BLS call of the model, answered response by response, then an end marker."""
         request = ModelRequest(
             inputs=[Tensor(n, dt, d) for n, dt, d in payload["inputs"]],
@@ -706,28 +785,27 @@ class PythonModelHandle:
         version = str(payload["model_version"]) if payload["model_version"] >= 0 else ""
         timeout = payload["timeout_us"] / 1e6 if payload["timeout_us"] else None
         sent = 0
+
+        def answer(response: ModelResponse) -> None:
+            nonlocal sent
+            instance.write(("bls_response", call_id, _payload(response)))
+            sent += 1
+
         try:
             if self._bls is None:
                 raise ModelError(UNSUPPORTED, "BLS is not available: no router was given")
             async with asyncio.timeout(timeout):
                 async for response in self._bls(payload["model_name"], version, request, decoupled):
-                    if not decoupled and sent and not response.outputs:
-                        continue
                     if decoupled or not sent:
-                        self._reply(("bls_response", call_id, _payload(response)))
-                        sent += 1
+                        answer(response)
         except ModelError as exc:
-            self._reply(("bls_response", call_id, _payload(ModelResponse([], {}, True, exc))))
-            sent += 1
+            answer(ModelResponse([], {}, True, exc))
         except TimeoutError:
             error = ModelError(CANCELLED, f"BLS request to '{payload['model_name']}' timed out")
-            self._reply(("bls_response", call_id, _payload(ModelResponse([], {}, True, error))))
-            sent += 1
-        except asyncio.CancelledError:
-            self._bls_calls.pop(call_id, None)
-            raise
+            answer(ModelResponse([], {}, True, error))
+        finally:
+            self._bls_calls.pop((id(instance), call_id), None)
         if not decoupled and not sent:
             error = ModelError(INTERNAL, f"model '{payload['model_name']}' sent no response")
-            self._reply(("bls_response", call_id, _payload(ModelResponse([], {}, True, error))))
-        self._reply(("bls_end", call_id))
-        self._bls_calls.pop(call_id, None)
+            answer(ModelResponse([], {}, True, error))
+        instance.write(("bls_end", call_id))

@@ -227,3 +227,23 @@ def test_a_request_cancelled_while_queued_never_reaches_execute():
 
 async def _collect(handle: PythonModelHandle, req) -> list:
     return [r async for r in handle.stream(req)]
+
+
+def test_each_model_instance_is_a_process_of_its_own():
+    async def scenario():
+        handle = PythonModelHandle(MODELS / "two_instances")
+        await handle.load()
+        try:
+            assert handle.instance_names == ["two_instances_0_0", "two_instances_0_1"]
+            assert "two_instances_initialized" in handle.metrics_text()
+            assert 'two_instances_initialized{model="two_instances"} 2.0' in handle.metrics_text()
+            wait = ("WAIT", "FP32", np.array([0.5], np.float32))
+            first, second = await asyncio.gather(
+                handle.infer(request(wait)), handle.infer(request(wait))
+            )
+            pids = {first.output("PID").data[0], second.output("PID").data[0]}
+            assert len(pids) == 2  # both ran, one in each process
+        finally:
+            await handle.close()
+
+    run(scenario())
