@@ -87,6 +87,8 @@ class Stub:
     ) -> None:
         payload = None if response is None else _response_payload(response)
         self.channel.send(("send", request_key, payload, flags))
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.cancelled.discard(request_key)
 
     def is_cancelled(self, request_key: int) -> bool:
         return request_key in self.cancelled
@@ -299,6 +301,8 @@ class Stub:
             request.get_response_sender()._close()
         message = f"Failed to process the request(s) for model '{self.name}', message: {error}"
         self.channel.send(("batch_error", batch_id, message, open_keys))
+        for request in requests:
+            self.cancelled.discard(request._key)
 
     def execute(self, batch_id: int, payloads: list[dict[str, Any]]) -> None:
         requests = self._requests(payloads)
@@ -360,6 +364,8 @@ class Stub:
         for request in requests:
             request.get_response_sender()._close()
         self.channel.send(("responses", batch_id, [r._key for r in requests], payloads))
+        for request in requests:
+            self.cancelled.discard(request._key)
 
     def check_ready(self, call_id: int) -> None:
         try:
