@@ -310,7 +310,7 @@ class PythonModelHandle:
             await self._stop(0)
             self._failed(str(exc))
             raise ModelLoadError(self.failure or "") from None
-        except ModelLoadError as exc:
+        except (ModelLoadError, OSError) as exc:
             await self._stop(0)  # nothing of it is worth waiting for
             self._failed(f"model '{self.name}': {exc}")
             raise ModelLoadError(self.failure or "") from None

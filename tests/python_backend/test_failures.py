@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from serving.python_backend import ModelError, PythonModelHandle, State
-from tests.python_backend.helpers import MODELS, request, run
+from tests.python_backend.helpers import MODELS, PEERS, request, run
 
 
 def mode(value: int):
@@ -50,7 +50,9 @@ def test_execute_errors_become_error_responses_and_the_model_keeps_serving():
 def test_a_crash_fails_the_request_and_the_model_can_be_restarted():
     async def scenario():
         handle = PythonModelHandle(MODELS / "faulty")
+        neighbour = PythonModelHandle(PEERS / "add_sub")
         await handle.load()
+        await neighbour.load()
         try:
             crashed = await expect_error(handle, 3)
             assert crashed.code == "INTERNAL"
@@ -59,10 +61,17 @@ def test_a_crash_fails_the_request_and_the_model_can_be_restarted():
             assert handle.state == State.FAILED and not handle.is_ready()
             refused = await expect_error(handle, 0)
             assert refused.code == "UNAVAILABLE" and "exited with code 3" in refused.message
+            # Another model of the same server is untouched.
+            ones = np.ones(4, np.float32)
+            summed = await neighbour.infer(
+                request(("INPUT0", "FP32", ones), ("INPUT1", "FP32", ones))
+            )
+            assert summed.output("OUTPUT0").data.tolist() == [2.0] * 4
             await handle.restart()
             assert (await handle.infer(mode(0))).output("OUT").data.tolist() == [0]
         finally:
             await handle.close()
+            await neighbour.close()
 
     run(scenario())
 

@@ -105,3 +105,36 @@ def test_a_missing_version_or_model_file_is_a_load_error(tmp_path):
             await PythonModelHandle(model, version="7").load()
 
     run(scenario())
+
+
+def test_an_auto_complete_that_contradicts_the_config_is_a_load_error(tmp_path):
+    model = tmp_path / "contradicts"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "A" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    )
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    @staticmethod\n"
+        "    def auto_complete_config(config):\n"
+        "        config.add_input({'name': 'A', 'data_type': 'TYPE_FP32', 'dims': [1]})\n"
+        "        return config\n"
+        "\n"
+        "    def execute(self, requests):\n"
+        "        return []\n"
+    )
+
+    async def scenario():
+        with pytest.raises(ModelLoadError) as caught:
+            await PythonModelHandle(model).load()
+        message = str(caught.value)
+        assert (
+            "auto_complete_config failed: ValueError: unable to load model 'contradicts'" in message
+        )
+        assert (
+            "configuration expects datatype TYPE_INT32 for input 'A', model provides TYPE_FP32"
+            in message
+        )
+        assert not stub_processes()
+
+    run(scenario())

@@ -16,61 +16,60 @@ from tests.python_backend.helpers import MODELS, request, run
 INTS = np.array([[1, 2, 3]], np.int32)
 
 
-@pytest.mark.parametrize(
-    ("tensors", "outputs", "message"),
-    [
-        (
-            [("IN", "FP32", INTS.astype(np.float32))],
-            (),
-            "[request id: r1] inference input 'IN' data-type is 'FP32', but model 'batcher' "
-            "expects 'INT32'",
-        ),
-        (
-            [("IN", "INT32", INTS[0])],
-            (),
-            "[request id: r1] unexpected shape for input 'IN' for model 'batcher'. Expected "
-            "[-1,-1], got [3].",
-        ),
-        (
-            [("IN", "INT32", np.zeros((9, 2), np.int32))],
-            (),
-            "[request id: r1] inference request batch-size must be <= 8 for 'batcher'",
-        ),
-        (
-            [("TEXT", "BYTES", np.array([[b"x"]], dtype=object))],
-            (),
-            "[request id: r1] expected number of inputs between 1 and 2 but got 1 inputs for "
-            "model 'batcher'. Got input(s) ['TEXT'], but missing required input(s) ['IN'].",
-        ),
-        (
-            [("IN", "INT32", INTS), ("EXTRA", "INT32", INTS)],
-            (),
-            "[request id: r1] unexpected inference input 'EXTRA' for model 'batcher'",
-        ),
-        (
-            [("IN", "INT32", INTS), ("TEXT", "BYTES", np.array([[b"a"], [b"b"]], dtype=object))],
-            (),
-            "[request id: r1] input 'TEXT' batch size does not match other inputs for 'batcher'",
-        ),
-        (
-            [("IN", "INT32", INTS)],
-            ("NOPE",),
-            "[request id: r1] unexpected inference output 'NOPE' for model 'batcher'",
-        ),
-    ],
-)
-def test_requests_that_do_not_match_the_config_are_refused_before_execute(
-    tensors, outputs, message
-):
+REFUSALS = [
+    (
+        [("IN", "FP32", INTS.astype(np.float32))],
+        (),
+        "[request id: r1] inference input 'IN' data-type is 'FP32', but model 'batcher' "
+        "expects 'INT32'",
+    ),
+    (
+        [("IN", "INT32", INTS[0])],
+        (),
+        "[request id: r1] unexpected shape for input 'IN' for model 'batcher'. Expected "
+        "[-1,-1], got [3].",
+    ),
+    (
+        [("IN", "INT32", np.zeros((9, 2), np.int32))],
+        (),
+        "[request id: r1] inference request batch-size must be <= 8 for 'batcher'",
+    ),
+    (
+        [("TEXT", "BYTES", np.array([[b"x"]], dtype=object))],
+        (),
+        "[request id: r1] expected number of inputs between 1 and 2 but got 1 inputs for "
+        "model 'batcher'. Got input(s) ['TEXT'], but missing required input(s) ['IN'].",
+    ),
+    (
+        [("IN", "INT32", INTS), ("EXTRA", "INT32", INTS)],
+        (),
+        "[request id: r1] unexpected inference input 'EXTRA' for model 'batcher'",
+    ),
+    (
+        [("IN", "INT32", INTS), ("TEXT", "BYTES", np.array([[b"a"], [b"b"]], dtype=object))],
+        (),
+        "[request id: r1] input 'TEXT' batch size does not match other inputs for 'batcher'",
+    ),
+    (
+        [("IN", "INT32", INTS)],
+        ("NOPE",),
+        "[request id: r1] unexpected inference output 'NOPE' for model 'batcher'",
+    ),
+]
+
+
+def test_requests_that_do_not_match_the_config_are_refused_before_execute():
     async def scenario():
         handle = PythonModelHandle(MODELS / "batcher")
         await handle.load()
         try:
-            with pytest.raises(ModelError) as caught:
-                await handle.infer(request(*tensors, outputs=outputs, request_id="r1"))
-            assert caught.value.code == "INVALID_ARG"
-            assert message in caught.value.message
-            assert not handle._in_flight and not handle._queue  # execute never saw it
+            for tensors, outputs, message in REFUSALS:
+                with pytest.raises(ModelError) as caught:
+                    await handle.infer(request(*tensors, outputs=outputs, request_id="r1"))
+                assert caught.value.code == "INVALID_ARG"
+                assert message in caught.value.message
+                assert not handle._in_flight and not handle._queue  # execute never saw it
+            assert handle.stats.execution_count == 0
         finally:
             await handle.close()
 
