@@ -1,9 +1,13 @@
 """Apply a packed token bitmask to a logits tensor in place (disallowed entries become -inf).
 
 CPU float tensors go to the native engine (threads, no temporary tensors). Any other device
-(CUDA) takes the device path: the bitmask, already in pinned host memory, is copied once to the
-device without blocking, unpacked there and applied with one ``masked_fill_``, so the only
-host-to-device traffic is the bitmask itself (1 bit per token).
+(CUDA) takes a device path where the only host-to-device traffic is the bitmask rows of the
+constrained requests (1 bit per token), gathered into pinned memory and copied without
+blocking:
+
+- the fused Triton kernel (``triton_apply.py``) when ``triton`` is installed and the logits
+  are contiguous float rows: one launch, no temporaries, writes only the disallowed logits;
+- otherwise torch: unpack on the device and one ``masked_fill_``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,21 @@ def apply_bitmask_(
     if logits.device.type == "cpu" and logits.dtype in _NATIVE_DTYPES and logits.stride(-1) == 1:
         return _apply_native_(logits, bitmask, rows)
     mask = torch.from_numpy(bitmask) if isinstance(bitmask, np.ndarray) else bitmask
+    if _kernel_applies(logits):
+        return _apply_kernel_(logits, mask, rows)
     return _apply_torch_(logits, mask, rows)
+
+
+def _kernel_applies(logits: torch.Tensor) -> bool:
+    from serving.constraints import triton_apply
+
+    return (
+        logits.device.type == "cuda"
+        and triton_apply.available()
+        and logits.dtype in triton_apply.DTYPES
+        and logits.dim() in (1, 2)
+        and logits.stride(-1) == 1
+    )
 
 
 _NATIVE_DTYPES = {
@@ -52,6 +70,47 @@ def _apply_native_(
         rows,
     )
     return logits
+
+
+def _apply_kernel_(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None
+) -> torch.Tensor:
+    """The fused kernel on the logits' device. The mask rows are gathered straight into a
+    fresh pinned block (torch's caching host allocator recycles it only once the copy that reads
+    it has finished, so the caller may refill ``bitmask`` at once), then copied without blocking.
+
+    On CPU logits (Triton's interpreter, in the tests) the same steps run without pinning."""
+    from serving.constraints import triton_apply
+
+    device = logits.device
+    pin = device.type == "cuda"
+    n_logits = logits.shape[0] if logits.dim() == 2 else 1
+    if rows is None:
+        n = min(n_logits, bitmask.shape[0])
+        packed = bitmask[:n]
+        if pin and not packed.is_pinned():
+            packed = packed.pin_memory()
+        index = None
+    else:
+        _check_rows(rows, n_logits, bitmask.shape[0])
+        host_rows = torch.tensor(rows, dtype=torch.long)
+        packed = torch.empty((len(rows), bitmask.shape[1]), dtype=torch.int32, pin_memory=pin)
+        torch.index_select(bitmask, 0, host_rows, out=packed)
+        index_host = host_rows.to(torch.int32)
+        index = index_host.pin_memory() if pin else index_host
+        index = index.to(device, non_blocking=True)
+    packed = packed.to(device, non_blocking=True)
+    return triton_apply.apply_packed_(logits, packed, index)
+
+
+def _check_rows(rows: list[int], n_logits: int, n_mask: int) -> None:
+    """The kernel indexes device memory with these, so they are checked on the host."""
+    low, high = min(rows), max(rows)
+    if low < 0 or high >= min(n_logits, n_mask):
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"row {bad} is outside the logits ({n_logits} rows) or the bitmask ({n_mask} rows)"
+        )
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
