@@ -159,8 +159,21 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None or self.stands_aside:
+        """Mirror the step's batch changes, then start the mask fill in the background.
+
+        vLLM calls this every step (``batch_update`` None when the batch is unchanged) before
+        the forward pass, and ``apply`` after it, so the fill runs beside the forward pass and
+        ``apply`` only waits for it. Rows whose output list ends in a placeholder (async
+        scheduling: the previous step's token is still on its way back from the device) are
+        filled in ``apply``, once vLLM has written the token in."""
+        if self.stands_aside:
             return
+        if batch_update is not None:
+            self._update(batch_update)
+        if self.batch.occupied_rows():
+            self.batch.start_fill(self.bitmask_np)
+
+    def _update(self, batch_update: BatchUpdate) -> None:
         batch = self.batch
         for index in batch_update.removed:
             batch.remove(index)
