@@ -8,13 +8,16 @@ extension and installs carried wheels first)::
 
 1. **Check.** For B in {1, 32, 256}, V in {32,000, 128,256, 262,144} (plus 50,257, a width that is
    not a multiple of 32), float32 and bfloat16, with every row constrained and with only some
-   rows (an unordered index list), the logits after the fused Triton kernel (``apply_bitmask_``
-   on CUDA logits, which gathers the rows, copies them and launches it), after its write-only
-   variant and after the torch path must equal, bit for bit, the native CPU apply on a copy of
-   the same logits. XGrammar's apply is compared too, as a peer (reported, not required).
+   rows (an unordered index list), the logits after each of the project's device paths must
+   equal, bit for bit, the native CPU apply on a copy of the same logits: ``kernel`` (what the
+   vLLM adapter runs: ``apply_bitmask_async_``, mask rows copied as they are, the fused Triton
+   kernel), ``kernel_gather`` (``apply_bitmask_``: rows gathered on the host first),
+   ``kernel_write_only`` (the kernel's no-read variant), ``torch_path`` and ``torch_indexed``
+   (the fallbacks without triton). XGrammar's apply is compared too, as a peer (reported, not
+   required).
 2. **Time.** CUDA events around each call, 10 warm-up calls, the median of 50, the L2 cache
-   flushed before each call: the kernel on a device-resident mask, the same through
-   ``apply_bitmask_`` from pinned host memory (gather + copy + launch), the torch path, a plain
+   flushed before each call: the kernel on a device-resident mask, the same from pinned host
+   memory (copy + launch, and gather + copy + launch), the torch path, a plain
    ``masked_fill_`` with a precomputed bool mask, and XGrammar's apply. The floor is the time to
    read and write the logits once at the bandwidth of a device-to-device copy measured here.
 
@@ -68,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not args.cpu_interpret and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; nothing to check (use --cpu-interpret for a dry run)")
+        print(
+            "gpu_check: no CUDA device here; nothing to check (use --cpu-interpret for a dry run)"
+        )
         return 0
     started = time.perf_counter()
     check = DeviceCheck(
@@ -150,9 +155,7 @@ class DeviceCheck:
             raise SystemExit("gpu_check: triton is not installed; the fused kernel cannot run")
         self.xgrammar_apply = self._load_xgrammar()
         # Flushing L2 between timed calls: write a buffer larger than any L2 there is.
-        self._flush = torch.empty(
-            (256 if self.cuda else 1) << 20, dtype=torch.int8, device=device
-        )
+        self._flush = torch.empty((256 if self.cuda else 1) << 20, dtype=torch.int8, device=device)
         forbidden = [m for m in ("django", "fastapi", "vllm") if m in sys.modules]
         if forbidden:
             self.notes.append(f"unexpected imports: {forbidden}")
@@ -291,25 +294,41 @@ class DeviceCheck:
                 result[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
 
-        run("kernel", lambda out: self.production_apply(out, mask, rows))
+        all_rows = rows if rows is not None else list(range(batch))
+        run("kernel", lambda out: self.production_apply(out, mask, all_rows))
+        run("kernel_gather", lambda out: self.gather_apply(out, mask, rows))
         run("kernel_write_only", lambda out: self.kernel_write_only(out, mask, rows))
         run("torch_path", lambda out: self.apply._apply_torch_(out, mask, rows))
-        result["ours_equal"] = all(result[k] for k in ("kernel", "kernel_write_only", "torch_path"))
-        if self.xgrammar_apply is not None:
+        run("torch_indexed", lambda out: self.torch_indexed(out, mask, all_rows))
+        result["ours_equal"] = all(result[k] for k in OURS)
+        xgr = self.xgrammar_apply
+        if xgr is not None:
             device_mask = mask.to(self.device)
-            run("xgrammar", lambda out: self.xgrammar_apply(out, device_mask, indices=rows))
+            run("xgrammar", lambda out: xgr(out, device_mask, indices=rows))
         return result
 
-    def production_apply(self, logits: Any, mask: Any, rows: list[int] | None) -> None:
-        """What the vLLM adapter runs: ``apply_bitmask_`` dispatches CUDA logits to the kernel.
-        On the CPU dry run, the same kernel path is called directly (CPU logits would take the
-        native apply there)."""
+    def production_apply(self, logits: Any, mask: Any, rows: list[int]) -> None:
+        """What the vLLM adapter runs on CUDA logits: ``apply_bitmask_async_`` (the mask rows
+        copied as they are, the kernel picks each row's). On the CPU dry run the same body is
+        called directly (CPU logits would take the native apply there)."""
         if self.cuda:
             if not self.apply._kernel_applies(logits):
-                raise AssertionError("apply_bitmask_ would not use the kernel for these logits")
+                raise AssertionError("the adapter would not use the kernel for these logits")
+            self.apply.apply_bitmask_async_(logits, mask, rows)
+        else:
+            self.apply._apply_indexed_(logits, mask, rows, use_kernel=True)
+
+    def gather_apply(self, logits: Any, mask: Any, rows: list[int] | None) -> None:
+        """``apply_bitmask_`` on CUDA logits (the Hugging Face adapter's path): the constrained
+        rows gathered into a fresh pinned block, copied, the kernel."""
+        if self.cuda:
             self.apply.apply_bitmask_(logits, mask, rows=rows)
         else:
             self.apply._apply_kernel_(logits, mask, rows)
+
+    def torch_indexed(self, logits: Any, mask: Any, rows: list[int]) -> None:
+        """The adapter's path where triton is absent: the same copy, torch on the device."""
+        self.apply._apply_indexed_(logits, mask, rows, use_kernel=False)
 
     def kernel_write_only(self, logits: Any, mask: Any, rows: list[int] | None) -> None:
         torch = self.torch
@@ -352,7 +371,6 @@ class DeviceCheck:
         src = torch.empty(n, dtype=torch.int8, device=self.device).fill_(1)
         dst = torch.empty_like(src)
         us = self.timed(lambda: dst.copy_(src))
-        del src, dst
         self.bandwidth = round(2 * n / (us * 1e-6) / 1e9, 1)
         return self.bandwidth
 
@@ -381,6 +399,7 @@ class DeviceCheck:
             "kernel_us": lambda: kernel(logits, device_mask, index),
             "kernel_write_only_us": lambda: kernel(logits, device_mask, index, read_row=False),
             "kernel_from_host_us": lambda: self.production_apply(logits, mask, rows),
+            "kernel_gather_from_host_us": lambda: self.gather_apply(logits, mask, rows),
             "torch_path_from_host_us": lambda: self.apply._apply_torch_(logits, mask, rows),
             "masked_fill_us": lambda: logits.masked_fill_(disallowed, float("-inf")),
         }
@@ -412,14 +431,16 @@ class DeviceCheck:
         settings = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)]
         if not self.cuda:
             settings = settings[:2]
+        apply_packed_ = self.triton_apply.apply_packed_
         for block, warps in settings:
             for read_row in (True, False):
+
+                def launch(b: int = block, w: int = warps, r: bool = read_row) -> None:
+                    apply_packed_(logits, device_mask, index, block=b, num_warps=w, read_row=r)
+
+                us: float | None
                 try:
-                    us = self.timed(
-                        lambda b=block, w=warps, r=read_row: self.triton_apply.apply_packed_(
-                            logits, device_mask, index, block=b, num_warps=w, read_row=r
-                        )
-                    )
+                    us = self.timed(launch)
                 except Exception as exc:
                     us = None
                     self.notes.append(f"tuning block={block} warps={warps}: {exc}")
@@ -435,6 +456,9 @@ class DeviceCheck:
                     }
                 )
         return out
+
+
+OURS = ("kernel", "kernel_gather", "kernel_write_only", "torch_path", "torch_indexed")
 
 
 def _pack(allowed: Any, words: int) -> Any:
@@ -471,7 +495,7 @@ def _version(package: str) -> str | None:
 
 
 def _check_line(c: dict[str, Any]) -> str:
-    keys = ("kernel", "kernel_write_only", "torch_path", "xgrammar")
+    keys = (*OURS, "xgrammar")
     flags = " ".join(f"{k}={'ok' if c[k] else 'DIFF'}" for k in keys if k in c)
     return f"check B={c['batch']} V={c['vocab']} {c['dtype']} rows={c['rows']}: {flags}"
 
@@ -488,13 +512,12 @@ def summary_table(results: dict[str, Any]) -> str:
     lines = [
         f"mode: {results['mode']}; device: {results['machine'].get('device_name')}; "
         f"copy bandwidth {results['copy_bandwidth_gb_s']} GB/s",
-        f"bit-for-bit checks: {ok}/{len(checks)} cases equal for kernel, write-only kernel and "
-        f"torch path"
+        f"bit-for-bit checks: {ok}/{len(checks)} cases equal for all of {', '.join(OURS)}"
         + (f"; xgrammar equal in {sum(xgr)}/{len(xgr)}" if xgr else "; xgrammar not run"),
         "",
-        "| B | V | dtype | floor | kernel | x floor | write-only | from host | torch path "
-        "| masked_fill_ | xgrammar |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| B | V | dtype | floor | kernel | x floor | write-only | from host | gather+host "
+        "| torch path | masked_fill_ | xgrammar |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in results["timings"]:
         cells = [
@@ -505,6 +528,7 @@ def summary_table(results: dict[str, Any]) -> str:
                 "kernel_over_floor",
                 "kernel_write_only_us",
                 "kernel_from_host_us",
+                "kernel_gather_from_host_us",
                 "torch_path_from_host_us",
                 "masked_fill_us",
                 "xgrammar_us",

@@ -61,6 +61,7 @@ if triton is not None:
         logits_stride,
         packed_stride,
         HAS_ROWS: tl.constexpr,
+        INDEXED_MASK: tl.constexpr,
         WORDS: tl.constexpr,
         READ_ROW: tl.constexpr,
     ):
@@ -74,8 +75,9 @@ if triton is not None:
         # broadcast along it, so the logits side stays contiguous and vectorizes.
         word = block * WORDS + tl.arange(0, WORDS)
         bit = tl.arange(0, 32)
+        mask_row = row if INDEXED_MASK else i.to(tl.int64)
         words = tl.load(
-            packed_ptr + i.to(tl.int64) * packed_stride + word,
+            packed_ptr + mask_row * packed_stride + word,
             mask=word < (width + 31) // 32,
             other=-1,
         )
@@ -114,12 +116,15 @@ def apply_packed_(
     block: int = BLOCK,
     num_warps: int = NUM_WARPS,
     read_row: bool = READ_ROW,
+    indexed_mask: bool = False,
 ) -> torch.Tensor:
     """Set ``logits[rows[i], t] = -inf`` where bit ``t`` of ``packed[i]`` is 0, in one launch.
 
     ``packed`` is int32 ``[n, words]`` on the logits' device; ``rows`` is an integer tensor of
-    ``n`` logits row indices there (None: rows ``0..n-1``). The caller checks the indices (they
-    are on the device). Columns past ``words * 32`` are left alone. Returns ``logits``."""
+    ``n`` logits row indices there (None: rows ``0..n-1``). With ``indexed_mask`` the mask of
+    logits row ``r`` is ``packed[r]`` instead (a full-height mask, copied without a gather).
+    The caller checks the indices (they are on the device). Columns past ``words * 32`` are
+    left alone. Returns ``logits``."""
     view = logits if logits.dim() == 2 else logits.view(1, -1)
     if view.dim() != 2:
         raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
@@ -133,6 +138,8 @@ def apply_packed_(
         raise ValueError(f"packed is on {packed.device}, the logits on {view.device}")
     n = packed.shape[0]
     if rows is not None:
+        if indexed_mask:
+            n = rows.shape[0]
         if rows.dim() != 1 or rows.shape[0] != n or rows.device != view.device:
             raise ValueError(f"rows must be a 1-D tensor of {n} indices on {view.device}")
         if rows.dtype not in (torch.int32, torch.int64):
@@ -153,6 +160,7 @@ def apply_packed_(
         view.stride(0),
         packed.stride(0),
         HAS_ROWS=rows is not None,
+        INDEXED_MASK=indexed_mask and rows is not None,
         WORDS=block // 32,
         READ_ROW=read_row,
         num_warps=num_warps,

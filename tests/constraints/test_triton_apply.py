@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from serving.constraints import triton_apply
-from serving.constraints.apply import _apply_kernel_, apply_bitmask_
+from serving.constraints.apply import _apply_indexed_, _apply_kernel_, apply_bitmask_
 
 pytestmark = pytest.mark.skipif(not triton_apply.available(), reason="triton is not installed")
 
@@ -102,12 +102,36 @@ def test_device_path_equals_native_apply(rows: list[int] | None, dtype: torch.dt
     assert torch.equal(as_bits(out), as_bits(native(logits, mask, rows)))
 
 
+@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize("rows", [[2], [3, 1, 0], [0, 1, 2, 3]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gather_free_path_equals_native_apply(
+    rows: list[int], dtype: torch.dtype, use_kernel: bool
+) -> None:
+    """What the vLLM adapter runs on a device: the mask rows copied as they are, each logits
+    row's mask picked on the device by the kernel (or by torch without triton)."""
+    logits, mask = random_case(5, 2000, dtype, seed=9)
+    out = logits.clone()
+    assert _apply_indexed_(out, torch.from_numpy(mask), rows, use_kernel=use_kernel) is None
+    assert torch.equal(as_bits(out), as_bits(native(logits, mask, rows)))
+
+
+def test_indexed_mask_reads_the_mask_row_of_each_logits_row() -> None:
+    logits, mask = random_case(6, 300, torch.float32, seed=4)
+    out = logits.clone()
+    index = torch.tensor([5, 2], dtype=torch.int32)
+    triton_apply.apply_packed_(out, torch.from_numpy(mask), index, block=64, indexed_mask=True)
+    assert torch.equal(as_bits(out), as_bits(native(logits, mask, [5, 2])))
+
+
 def test_device_path_refuses_rows_outside_the_logits_or_mask() -> None:
     mask = torch.full((3, 2), -1, dtype=torch.int32)
     with pytest.raises(ValueError, match="row 3 is outside"):
         _apply_kernel_(torch.zeros(4, 64), mask, [0, 3])
     with pytest.raises(ValueError, match="row -1 is outside"):
         _apply_kernel_(torch.zeros(4, 64), mask, [-1])
+    with pytest.raises(ValueError, match="row 3 is outside"):
+        _apply_indexed_(torch.zeros(4, 64), mask, [3], use_kernel=True)
 
 
 def test_bad_arguments_are_refused() -> None:
