@@ -30,5 +30,5 @@ export PYTHONUNBUFFERED=1
     echo "== no wheels carried: xgrammar is skipped unless already installed"
   fi
   echo "== bench/gpu_check.py"
-  timeout 540 python3 bench/gpu_check.py --out "$out/gpu_check.json"
+  timeout 480 python3 bench/gpu_check.py --out "$out/gpu_check.json"
 } 2>&1 | tee "$out/gpu_check.log"

@@ -75,7 +75,10 @@ if triton is not None:
         # broadcast along it, so the logits side stays contiguous and vectorizes.
         word = block * WORDS + tl.arange(0, WORDS)
         bit = tl.arange(0, 32)
-        mask_row = row if INDEXED_MASK else i.to(tl.int64)
+        if INDEXED_MASK:  # noqa: SIM108 (a constexpr branch, resolved when compiled)
+            mask_row = row
+        else:
+            mask_row = i.to(tl.int64)
         words = tl.load(
             packed_ptr + mask_row * packed_stride + word,
             mask=word < (width + 31) // 32,

@@ -239,6 +239,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 f"logits are {logits.shape[-1]} wide but the constraint vocabulary has "
                 f"{self.engine.vocab.size} tokens"
             )
+        if self._copied[self._turn] is not None:
+            # apply twice without update_state between: this buffer's copy may be in flight.
+            self._next_buffer()
         dead = self.batch.fill(self.bitmask_np)
         if dead:
             self._report_dead(dead)
