@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 {
   echo "== $(date -u +%FT%TZ) $(hostname)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
-  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' || true
   echo "== build the native extension"
   if ! python3 setup.py -q build_ext --inplace; then
     # An older setuptools may refuse pyproject.toml's metadata; the extension needs none of it.
@@ -24,8 +24,11 @@ export PYTHONUNBUFFERED=1
   mapfile -t wheels < <(find . -maxdepth 3 -name '*.whl' -not -path './.venv/*' | sort)
   if ((${#wheels[@]})); then
     echo "== install carried wheels into /tmp/site: ${wheels[*]}"
-    python3 -m pip install -q --no-deps --no-index --target /tmp/site "${wheels[@]}"
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    if python3 -m pip install -q --no-deps --no-index --target /tmp/site "${wheels[@]}"; then
+      export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      echo "== wheel install failed: the peers they carry are skipped"
+    fi
   else
     echo "== no wheels carried: xgrammar is skipped unless already installed"
   fi
