@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED=1
     c++ -O3 -Wall -shared -fPIC -std=c++17 -pthread $(python3 -m pybind11 --includes) \
       -Inative/include native/src/*.cpp -o "serving/constraints/_native$suffix"
   fi
-  mapfile -t wheels < <(find . -maxdepth 3 -name '*.whl' -not -path './.venv/*' | sort)
+  mapfile -t wheels < <(find . -maxdepth 3 -type f -name '*.whl' -not -path './.venv/*' | sort)
   if ((${#wheels[@]})); then
     echo "== install carried wheels into /tmp/site: ${wheels[*]}"
     if python3 -m pip install -q --no-deps --no-index --target /tmp/site "${wheels[@]}"; then
