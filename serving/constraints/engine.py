@@ -43,6 +43,13 @@ class Batch(Protocol):
 
     def fill(self, bitmask: np.ndarray) -> list[int]: ...
 
+    def start_fill(self, bitmask: np.ndarray) -> list[int]:
+        """Start filling, in the background, the rows whose tokens are all known (it syncs with
+        the live lists now); return those rows. The next ``fill`` with the same array finishes
+        the job, refilling only rows whose lists changed since. Until then the array must not be
+        written, and any other call on the batch first waits for the background work."""
+        ...
+
     def occupied_rows(self) -> list[int]: ...
 
 

@@ -661,6 +661,11 @@ class ReferenceBatch:
     def occupied_rows(self) -> list[int]:
         return [i for i, entry in enumerate(self.rows) if entry is not None]
 
+    def start_fill(self, bitmask: np.ndarray) -> list[int]:
+        """The reference engine fills nothing ahead: ``fill`` does all the work (a valid
+        answer under the protocol, which lets an engine start any subset of rows)."""
+        return []
+
     def fill(self, bitmask: np.ndarray) -> list[int]:
         dead: list[int] = []
         for i, entry in enumerate(self.rows):

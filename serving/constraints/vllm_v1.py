@@ -32,7 +32,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from serving.constraints import LOGITS_PROCESSOR, validate_spec
-from serving.constraints.apply import apply_bitmask_
+from serving.constraints.apply import apply_bitmask_, apply_bitmask_async_
 from serving.constraints.engine import Batch, Engine, bitmask_words, log_dead_rows
 from serving.constraints.spec import (
     EXTRA_ARGS_KEY,
@@ -128,17 +128,17 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.engine = engine
         self.stands_aside = False
         self.batch: Batch = engine.new_batch(max_num_reqs)
-        # The engine writes the mask through a numpy view of this buffer. It is pinned like
-        # vLLM's own host buffers; apply_bitmask_ copies the occupied rows out of it into a
-        # fresh block per step before the non-blocking device copy, so refilling it next step
-        # (with async scheduling, before the GPU has caught up) cannot race that copy.
+        # The engine writes the mask through a numpy view of a host buffer, pinned like vLLM's
+        # own host buffers. For device logits the rows are copied to the device straight from
+        # it (no host-side gather), and that copy may still be running when the next step's
+        # fill starts (async scheduling), so there are two buffers used in turn, and a buffer
+        # is refilled only once the copy that last read it has completed.
         pin = is_pin_memory and torch.device(device).type == "cuda"
-        self.bitmask = torch.full(
-            (max_num_reqs, bitmask_words(engine.vocab.size)),
-            -1,
-            dtype=torch.int32,
-            pin_memory=pin,
-        )
+        shape = (max_num_reqs, bitmask_words(engine.vocab.size))
+        self._buffers = [torch.full(shape, -1, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._copied: list[Any] = [None, None]  # per buffer, the event its last copy records
+        self._turn = 0
+        self.bitmask = self._buffers[0]
         self.bitmask_np: np.ndarray = self.bitmask.numpy()
         self.dead_rows_total = 0
         self._dead: set[int] = set()
@@ -159,8 +159,33 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None or self.stands_aside:
+        """Mirror the step's batch changes, then start the mask fill in the background.
+
+        vLLM calls this every step (``batch_update`` None when the batch is unchanged) before
+        the forward pass, and ``apply`` after it, so the fill runs beside the forward pass and
+        ``apply`` only waits for it. Rows whose output list ends in a placeholder (async
+        scheduling: the previous step's token is still on its way back from the device) are
+        filled in ``apply``, once vLLM has written the token in."""
+        if self.stands_aside:
             return
+        if batch_update is not None:
+            self._update(batch_update)
+        if self.batch.occupied_rows():
+            self._next_buffer()
+            self.batch.start_fill(self.bitmask_np)
+
+    def _next_buffer(self) -> None:
+        """Switch to the other host buffer, once the device copy that last read it is done
+        (two steps ago, so in practice this never waits)."""
+        self._turn ^= 1
+        copied = self._copied[self._turn]
+        if copied is not None:
+            copied.synchronize()
+            self._copied[self._turn] = None
+        self.bitmask = self._buffers[self._turn]
+        self.bitmask_np = self.bitmask.numpy()
+
+    def _update(self, batch_update: BatchUpdate) -> None:
         batch = self.batch
         for index in batch_update.removed:
             batch.remove(index)
@@ -214,11 +239,18 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 f"logits are {logits.shape[-1]} wide but the constraint vocabulary has "
                 f"{self.engine.vocab.size} tokens"
             )
+        if self._copied[self._turn] is not None:
+            # apply twice without update_state between: this buffer's copy may be in flight.
+            self._next_buffer()
         dead = self.batch.fill(self.bitmask_np)
         if dead:
             self._report_dead(dead)
-        bitmask: Any = self.bitmask if logits.device.type != "cpu" else self.bitmask_np
-        apply_bitmask_(logits, bitmask, rows=rows)
+        if logits.device.type == "cpu":
+            apply_bitmask_(logits, self.bitmask_np, rows=rows)
+        else:
+            # The fused kernel on CUDA (torch without triton); the copy reads self.bitmask
+            # after this returns, so the buffer is left alone until its event completes.
+            self._copied[self._turn] = apply_bitmask_async_(logits, self.bitmask, rows)
         return logits
 
     def _report_dead(self, dead: list[int]) -> None:

@@ -7,7 +7,9 @@ resumed requests take the lowest freed slot (``pop_removed``) or the next one at
 reorder swaps slots (SWAP). Output lists are live: tokens are appended after each step, async
 placeholders (-1) appear and are filled in, histories shrink or are rewritten, prompts absorb
 earlier outputs, and chunked prefills keep a request's output list empty for several steps.
-After every ``apply`` each row's -inf pattern must equal a fresh reference constraint fed the
+Placeholders are filled in either before ``update_state`` or, as vLLM 0.24's async scheduling
+does (``_sample``), between ``update_state`` and ``apply``: after the processor has started its
+background fill. After every ``apply`` each row's -inf pattern must equal a fresh reference constraint fed the
 row's true generated tokens, and unconstrained rows must be untouched.
 """
 
@@ -119,6 +121,7 @@ class Simulator:
     def __init__(self, proc: ConstraintLogitsProcessor, rng: random.Random, max_rows: int):
         self.proc = proc
         self.rng = rng
+        self.late_placeholders = rng.random() < 0.5
         self.max_rows = max_rows
         self.slots: list[Request | None] = []
         self.builder = BatchUpdateBuilder()
@@ -138,7 +141,8 @@ class Simulator:
 
     def step(self) -> None:
         rng = self.rng
-        self.fill_placeholders()
+        if not self.late_placeholders:
+            self.fill_placeholders()
         # 1. Removals: finished requests, aborts, preemptions.
         for index, req in enumerate(self.slots):
             if req is None:
@@ -172,6 +176,8 @@ class Simulator:
         update = self.builder.get_and_reset(n)
         assert update is None or isinstance(update, BatchUpdate)
         self.proc.update_state(update)
+        if self.late_placeholders:
+            self.fill_placeholders()
         self.apply_and_check()
 
     def num_reqs(self) -> int:
@@ -193,6 +199,9 @@ class Simulator:
     def preempt(self, req: Request) -> None:
         """Resumed later: with the same lists (recompute), with a copy of the outputs (async
         resume), or as a streaming continuation whose prompt holds the outputs."""
+        if req.placeholder:  # the token in flight lands before the request is resumed
+            req.output[-1] = self.sample(req, self.oracle_allowed(req))
+            req.placeholder = False
         how = self.rng.choice(["same", "copy", "stream"])
         if how == "copy":
             req.output = list(req.output)
@@ -304,7 +313,7 @@ class Simulator:
             if token in VOCAB.eos_token_ids:
                 req.output.append(token)
                 req.finished = True
-            elif self.rng.random() < 0.1:
+            elif self.rng.random() < (0.5 if self.late_placeholders else 0.1):
                 req.output.append(-1)  # async scheduling: filled in before the next step
                 req.placeholder = True
             else:

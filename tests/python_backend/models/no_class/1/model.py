@@ -1,0 +1,3 @@
+class SomethingElse:
+    def execute(self, requests):
+        return []

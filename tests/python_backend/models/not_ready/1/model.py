@@ -1,0 +1,6 @@
+class TritonPythonModel:
+    async def is_ready(self):
+        return False
+
+    def execute(self, requests):
+        return []
