@@ -56,7 +56,7 @@ class VLLMTritonBackendTest(TestResultCollector):
 
     @unittest.skip(
         "needs the Python-backend model add_sub and an ensemble; the CPU engine serves only "
-        "vLLM-backend models (Python-backend serving is a later issue)"
+        "vLLM-backend models (Python-backend serving over KServe is issue 18, item 2)"
     )
     def test_vllm_triton_backend(self):
         # Load both vllm and add_sub models
