@@ -20,8 +20,14 @@ import sys
 from types import FrameType
 
 from serving.kserve.cli import LOG_DATE_FORMATS, ServerOptions, parse_options
-from serving.kserve.repository import ModelControl, RepositoryError, read_repository
+from serving.kserve.repository import (
+    PYTHON_BACKEND,
+    ModelControl,
+    RepositoryError,
+    read_repository,
+)
 from serving.kserve.server import load_entry, load_repository, repository_configs, serve_kserve
+from serving.kserve.service import ModelLoadFailed
 
 logger = logging.getLogger("serving.kserve")
 
@@ -77,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     # start cleanly instead of killing the process half-way through reading weights.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_loading)
+    python_entries = [e for e in entries if e.backend == PYTHON_BACKEND]
+    entries = [e for e in entries if e.backend != PYTHON_BACKEND]
     try:
         engines = load_repository(entries)
     except _StopRequested as stop:
@@ -103,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                 drain_timeout=options.exit_timeout_secs,
                 configs=repository_configs(entries),
                 control=ModelControl(options.model_repository, explicit, load_entry),
+                python_models=python_entries,
             )
         )
+    except ModelLoadFailed as exc:  # a Python model: no port was opened
+        logger.error("model failed to load, not serving: %s", exc)
+        return 1
     except _StopRequested as stop:  # arrived before serve_kserve installed its handlers
         logger.info("%s before serving began; stopped", stop)
         for engine in engines:

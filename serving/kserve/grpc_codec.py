@@ -17,7 +17,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import invalid
 
-_NUMPY = {
+NUMPY_TYPES = {
     "BOOL": np.bool_,
     "UINT8": np.uint8,
     "UINT16": np.uint16,
@@ -54,7 +54,7 @@ def _decode_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
         except Exception:  # struct.error and friends: a malformed length prefix
             raise invalid(f"input '{name}': malformed BYTES tensor data") from None
     else:
-        dtype = np.dtype(_NUMPY[datatype])
+        dtype = np.dtype(NUMPY_TYPES[datatype])
         if len(raw) != count * dtype.itemsize:
             raise invalid(
                 f"unexpected total byte size {len(raw)} for input '{name}', expecting "
@@ -76,7 +76,7 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
         name, datatype, shape = item.name, item.datatype, tuple(item.shape)
         if name in tensors:
             raise invalid(f"input '{name}' already exists in request")
-        if datatype not in _CONTENTS and datatype not in _NUMPY:
+        if datatype not in _CONTENTS and datatype not in NUMPY_TYPES:
             raise invalid(f"invalid datatype '{datatype}' for input '{name}'")
         if any(d < 0 for d in shape):
             raise invalid(f"input '{name}' has a negative dimension in shape {list(shape)}")
@@ -88,7 +88,9 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
             if field is None:
                 raise invalid(f"input '{name}': {datatype} data must be sent as raw contents")
             values: Any = list(getattr(item.contents, field))
-            data = np.array(values, dtype=np.object_ if datatype == "BYTES" else _NUMPY[datatype])
+            data = np.array(
+                values, dtype=np.object_ if datatype == "BYTES" else NUMPY_TYPES[datatype]
+            )
         if data.size != count:
             raise invalid(
                 f"unexpected number of elements {data.size} for input '{name}', expecting "

@@ -9,6 +9,12 @@ Every streamed response carries the ``triton_final_response`` parameter
 (a bool, as Triton checks); like Triton with the vLLM backend it never produces an extra
 response, because the backend's last response always carries the final flag with its data.
 Errors on a stream travel as ``error_message`` of a response, not as a status, as in Triton.
+
+Python-backend models: a non-decoupled one answers ``ModelInfer`` (one response, errors as a
+status with Triton's code) and ``ModelStreamInfer`` alike; a decoupled one only the stream,
+where an error response of the model is an ``error_message`` and the stream goes on, and a
+final response without outputs is sent only when the client set
+``triton_enable_empty_final_response``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -76,7 +83,8 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.service.ready())
 
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+        ready = await self.service.model_ready(request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
@@ -142,12 +150,36 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         try:
-            self.service.get(request.model_name, request.model_version)
+            started = time.monotonic_ns()
+            model = self.service.get(request.model_name, request.model_version)
+            if model.decoupled:  # every vLLM-backend model, and decoupled Python ones
+                raise TritonError(Code.UNSUPPORTED, DECOUPLED_MESSAGE)
+            tensors = decode_inputs(request)
+            responses = self.service.infer(
+                model,
+                tensors,
+                parameters_of(request.parameters),
+                request.id,
+                [o.name for o in request.outputs],
+                input_ns=time.monotonic_ns() - started,
+            )
+            last = None
+            async with aclosing(responses) as iterator:
+                async for response in iterator:
+                    if response.error is not None:
+                        raise response.error
+                    if response.outputs or last is None:
+                        last = response
+            if last is None:
+                raise TritonError(Code.INTERNAL, f"model '{model.name}' sent no response")
         except TritonError as exc:
             await context.abort(exc.grpc_status, exc.message)
-        # Every model here is a vLLM-backend model, and those are decoupled.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, DECOUPLED_MESSAGE)
-        raise AssertionError("unreachable")  # context.abort raises
+            raise AssertionError("unreachable") from None  # context.abort raises
+        message = pb.ModelInferResponse(
+            model_name=model.name, model_version=model.version, id=request.id
+        )
+        encode_outputs(message, last.outputs)
+        return message
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -210,12 +242,20 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 input_ns=time.monotonic_ns() - started,
             )
             async for response in responses:
+                flag_only = response.final and not response.outputs and response.error is None
+                if flag_only and not empty_final:  # a decoupled Python model's last response
+                    continue
                 message = pb.ModelInferResponse(
                     model_name=model_name, model_version=version, id=request_id
                 )
                 encode_outputs(message, response.outputs)
                 message.parameters["triton_final_response"].bool_param = response.final
-                yield pb.ModelStreamInferResponse(infer_response=message)
+                if response.error is not None:
+                    yield pb.ModelStreamInferResponse(
+                        error_message=response.error.message, infer_response=message
+                    )
+                else:
+                    yield pb.ModelStreamInferResponse(infer_response=message)
         except TritonError as exc:
             message = pb.ModelInferResponse(
                 model_name=model_name, model_version=version, id=request_id

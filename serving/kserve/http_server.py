@@ -2,9 +2,11 @@
 extension.
 
 Answers as Triton does: health is 200 or 400 with an empty body; errors are
-``{"error": "<message>"}`` with the status ``HttpCodeFromError`` picks. ``/infer`` refuses
-vLLM-backend models, which are decoupled ("HTTP end point doesn't support models with
-decoupled transaction policy", 501), exactly like Triton; generation over HTTP goes through
+``{"error": "<message>"}`` with the status ``HttpCodeFromError`` picks. ``/infer`` serves
+non-decoupled (Python-backend) models, with the binary tensor extension
+(:mod:`serving.kserve.http_infer`), and refuses decoupled ones, every vLLM-backend model among
+them ("HTTP end point doesn't support models with decoupled transaction policy", 501),
+exactly like Triton; generation over HTTP goes through
 ``/generate`` (exactly one response: a non-streaming request) and ``/generate_stream``
 (server-sent events, one ``data: {json}`` per response; pass ``"stream": true`` for
 incremental output, as with Triton).
@@ -39,6 +41,7 @@ from serving.kserve.grpc_server import (
     SERVER_VERSION,
     refuse_load_overrides,
 )
+from serving.kserve.http_infer import HEADER_LENGTH, decompress, infer_response, parse_infer
 from serving.kserve.service import InferenceService, ServedModel
 from serving.kserve.triton_metrics import Duration, ModelStats
 
@@ -180,7 +183,7 @@ def build_app(service: InferenceService) -> Starlette:
 
     async def model_ready(request: Request) -> Response:
         name, version = request.path_params["model"], request.path_params.get("version", "")
-        if not service.model_ready(name, version):
+        if not await service.model_ready(name, version):
             return JSONResponse({"error": "Model version not ready"}, status_code=400)
         return Response(status_code=200)
 
@@ -204,11 +207,40 @@ def build_app(service: InferenceService) -> Starlette:
         return JSONResponse({"model_stats": [_stats_json(s) for s in stats]})
 
     async def infer(request: Request) -> Response:
+        started = time.monotonic_ns()
         try:
-            model_of(request)
+            model = model_of(request)
+            if model.decoupled:
+                raise TritonError(Code.UNSUPPORTED, HTTP_DECOUPLED_MESSAGE)
+            body = decompress(await request.body(), request.headers.get("content-encoding"))
+            call = parse_infer(body, request.headers.get(HEADER_LENGTH))
+            responses = service.infer(
+                model,
+                call.tensors,
+                call.parameters,
+                call.request_id,
+                call.requested,
+                input_ns=time.monotonic_ns() - started,
+            )
+            last = None
+            async with aclosing(responses) as iterator:
+                async for response in iterator:
+                    if response.error is not None:
+                        raise response.error
+                    if response.outputs or last is None:
+                        last = response
+            if last is None:
+                raise TritonError(Code.INTERNAL, f"model '{model.name}' sent no response")
         except TritonError as exc:
             return _error(exc)
-        return _error(TritonError(Code.UNSUPPORTED, HTTP_DECOUPLED_MESSAGE))
+        content, header_length = infer_response(call, model.name, model.version, last.outputs)
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(header_length)},
+        )
 
     async def parse(request: Request) -> tuple[ServedModel, dict[str, Tensor], dict[str, Any], str]:
         model = model_of(request)

@@ -1,10 +1,14 @@
-"""Read a Triton model repository laid out for the vLLM backend.
+"""Read a Triton model repository holding vLLM-backend and Python-backend models.
 
-``<repo>/<name>/config.pbtxt`` (a ``ModelConfig`` in protobuf text) and
-``<repo>/<name>/<version>/model.json``. Triton's default version policy serves the latest
-numeric version; the configuration is auto-completed as the vLLM backend does, and the checks
-the backend makes at load (``backend: "vllm"``, a decoupled policy) are made here too, so a
-repository that Triton would refuse is refused before any port opens.
+``<repo>/<name>/config.pbtxt`` (a ``ModelConfig`` in protobuf text) names the backend.
+A vLLM model has ``<repo>/<name>/<version>/model.json``: its configuration is auto-completed
+as the vLLM backend does, and the checks the backend makes at load (``backend: "vllm"``, a
+decoupled policy) are made here too. A Python model has ``<version>/model.py``: here only what
+can be seen without running the author's code is checked (the configuration parses, the
+version directory and ``model.py`` exist); its real configuration comes from
+``auto_complete_config`` when :class:`~serving.python_backend.PythonModelHandle` loads it.
+Triton's default version policy serves the latest numeric version. A repository Triton would
+refuse is refused before any port opens.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.kserve.contract import BACKEND, auto_complete
+from serving.python_backend import config as python_config
+
+PYTHON_BACKEND = python_config.BACKEND
+BACKENDS = (BACKEND, PYTHON_BACKEND)
 
 
 class RepositoryError(RuntimeError):
@@ -30,6 +38,11 @@ class ModelEntry:
     version: str
     version_dir: Path
     config: mc.ModelConfig
+    backend: str = BACKEND
+
+    @property
+    def model_dir(self) -> Path:
+        return self.version_dir.parent
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:
@@ -46,10 +59,13 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
             f"{path}: model name '{config.name}' does not match its directory '{model_dir.name}'"
         )
     config.name = model_dir.name
-    if config.backend != BACKEND:
+    if config.backend not in BACKENDS:
         raise RepositoryError(
-            f"{path}: backend '{config.backend}' is not served here; only '{BACKEND}' is"
+            f"{path}: backend '{config.backend}' is not served here; only "
+            f"{' and '.join(repr(b) for b in BACKENDS)} are"
         )
+    if config.backend == PYTHON_BACKEND:
+        return config
     if config.HasField("model_transaction_policy") and not (
         config.model_transaction_policy.decoupled
     ):
@@ -71,6 +87,12 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
 
 def read_model(model_dir: Path) -> ModelEntry:
     config = read_config(model_dir)
+    if config.backend == PYTHON_BACKEND:
+        try:
+            version_dir = python_config.find_version(model_dir, config, None)
+        except python_config.ConfigError as exc:
+            raise RepositoryError(str(exc)) from None
+        return ModelEntry(config.name, version_dir.name, version_dir, config, PYTHON_BACKEND)
     versions = sorted(
         (int(p.name), p) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
     )

@@ -1,7 +1,8 @@
 """Run the KServe v2 gRPC + HTTP servers and the Triton-style metrics endpoint in one loop.
 
 The order is the platform's start-up contract: engines are loaded first (by the caller, or by
-:func:`load_repository`) with every port closed; the ports open together only once each engine
+:func:`load_repository`) with every port closed, then the Python-backend models (in this
+event loop, which their processes report to); the ports open together only once each model
 reports ready, and then one ``KSERVE READY http=<port> grpc=<port> metrics=<port>`` line goes to
 stdout. On SIGTERM/SIGINT the servers stop accepting inference (readiness turns false, new
 requests are refused as unavailable), in-flight requests run to completion within the drain
@@ -33,7 +34,7 @@ from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
 from serving.kserve.repository import ModelControl, ModelEntry
 from serving.kserve.service import InferenceService
-from serving.kserve.triton_metrics import render
+from serving.kserve.triton_metrics import merge_families, render
 from serving.metrics import triton_vllm
 from serving.metrics.triton_vllm import TritonVllmMetrics
 
@@ -62,12 +63,14 @@ def metrics_app(
     service: InferenceService, bridged: list[TritonVllmMetrics] | None = None
 ) -> Starlette:
     """Triton's metrics port: the ``nv_*`` families, then the ``vllm:`` families Triton's vLLM
-    backend bridges for the models that report them (``bridged``)."""
+    backend bridges for the models that report them (``bridged``), then the Python models'
+    custom metric families (``pb_utils.MetricFamily``), each family once."""
 
     async def metrics(request: Request) -> Response:
         # Without a fixed list: the served models' own, which change under model control.
         families = bridged if bridged is not None else bridged_metrics(service.engines())
         text = render(service.stats) + triton_vllm.render(families)
+        text += merge_families([h.metrics_text() for h in service.python_handles()])
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
@@ -142,8 +145,13 @@ async def serve_kserve(
     configs: dict[str, mc.ModelConfig] | None = None,
     stop: asyncio.Event | None = None,
     control: ModelControl | None = None,
+    python_models: list[ModelEntry] | None = None,
 ) -> None:
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
+
+    ``python_models`` (Python-backend entries of the repository) are loaded first, with every
+    port still closed; the first that fails raises
+    :class:`~serving.kserve.service.ModelLoadFailed` and nothing is served.
 
     ``host`` is the HTTP address and, unless ``grpc_host``/``metrics_host`` say otherwise, the
     others' too. Ports may be 0 (any free port); ``metrics_port=None`` opens no metrics port
@@ -168,6 +176,9 @@ async def serve_kserve(
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[None]] = []
     try:
+        for entry in python_models or []:
+            logger.info("loading model %s version %s", entry.name, entry.version)
+            await service.add_python(entry)
         http_sock = _bind(host, http_port)
         sockets.append(http_sock)
         apps = [(build_app(service), http_sock)]
@@ -216,6 +227,7 @@ async def serve_kserve(
         for engine in engines:
             engine.shutdown()
         service.shutdown()  # also the models loaded at run time (explicit model control)
+        await service.close_python()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for sock in sockets:

@@ -1,5 +1,7 @@
 """What both protocol front ends share: the served models, Triton's request validation, the
-vLLM-backend request handling over the engine, statistics, and drain state.
+vLLM-backend request handling over the engine, Python-backend models through their
+:class:`~serving.python_backend.PythonModelHandle` (and the BLS calls between models),
+statistics, and drain state.
 
 The gRPC and HTTP servers only translate wire formats into :class:`Tensor` dicts and back;
 every decision that a client could observe is made here once, so both answer alike.
@@ -10,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -22,8 +24,20 @@ from serving.engine.types import Delta, EngineUnavailableError, GenerateRequest,
 from serving.kserve import contract
 from serving.kserve.contract import Tensor, TensorSpec
 from serving.kserve.errors import Code, TritonError, invalid
-from serving.kserve.repository import ModelControl, RepositoryError, model_names, read_model
+from serving.kserve.repository import (
+    PYTHON_BACKEND,
+    ModelControl,
+    ModelEntry,
+    RepositoryError,
+    model_names,
+    read_model,
+)
 from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
+from serving.python_backend.types import ModelError, ModelRequest, ModelResponse
+from serving.python_backend.types import Tensor as ModelTensor
+
+if TYPE_CHECKING:
+    from serving.python_backend.handle import PythonModelHandle
 
 logger = logging.getLogger("serving.kserve")
 
@@ -43,26 +57,78 @@ RESERVED_PARAMETERS = frozenset(
 )
 
 
+class ModelLoadFailed(RuntimeError):
+    """A Python-backend model of the repository could not load; the message says why."""
+
+
 @dataclass(frozen=True)
 class Response:
+    """One response of a request. ``error`` is set for an error the model sent as a response
+    (a decoupled Python model's stream goes on after it); ``final`` on the last one."""
+
     outputs: list[Tensor]
     final: bool
+    error: TritonError | None = None
 
 
 @dataclass
 class ServedModel:
-    engine: Engine
+    """A served model: a vLLM-backend ``engine`` or a Python-backend ``handle`` (one of
+    them), with the configuration metadata and ``ModelConfig`` report."""
+
+    engine: Engine | None
     config: mc.ModelConfig
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    handle: PythonModelHandle | None = None
 
     @property
     def name(self) -> str:
-        return self.engine.name
+        return self.engine.name if self.engine is not None else self.config.name
 
     @property
     def version(self) -> str:
-        return self.engine.version
+        if self.engine is not None:
+            return self.engine.version
+        assert self.handle is not None
+        return self.handle.version
+
+    @property
+    def ready(self) -> bool:
+        if self.engine is not None:
+            return self.engine.ready
+        assert self.handle is not None
+        return self.handle.is_ready()
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    @property
+    def failure(self) -> str:
+        """Why a Python model stopped serving (its process died), if it did."""
+        return (self.handle.failure or "") if self.handle is not None else ""
+
+
+def python_served(handle: PythonModelHandle) -> ServedModel:
+    """A loaded handle as a served model: its auto-completed configuration and tensors."""
+
+    def specs(found: dict[str, Any]) -> dict[str, TensorSpec]:
+        return {
+            name: TensorSpec(name, spec.datatype, tuple(spec.dims), spec.optional)
+            for name, spec in found.items()
+        }
+
+    return ServedModel(None, handle.config, specs(handle.inputs), specs(handle.outputs), handle)
+
+
+def triton_error(error: ModelError) -> TritonError:
+    """A Python model's error with its Triton code (unknown names become INTERNAL)."""
+    try:
+        code = Code(error.code)
+    except ValueError:
+        code = Code.INTERNAL
+    return TritonError(code, error.message)
 
 
 def default_config(engine: Engine) -> mc.ModelConfig:
@@ -117,6 +183,75 @@ class InferenceService:
         )
         self.stats.add_model(engine.name, engine.version)
 
+    async def add_python(self, entry: ModelEntry) -> None:
+        """Load a Python-backend model and serve it; :class:`ModelLoadFailed` says why not.
+
+        Its BLS calls come back through :meth:`bls`, so they reach every model served here
+        and count in the callee's statistics as Triton counts them."""
+        from serving.python_backend.handle import PythonModelHandle
+        from serving.python_backend.types import ModelLoadError
+
+        handle = PythonModelHandle(
+            entry.model_dir,
+            version=entry.version,
+            bls=self.bls,
+            model_ready=self._bls_model_ready,
+        )
+        try:
+            await handle.load()
+        except ModelLoadError as exc:
+            raise ModelLoadFailed(str(exc)) from None
+        stats = handle.stats
+        self.models[handle.name] = python_served(handle)
+        # Executions and batch-size units are counted where execute runs (one execute may
+        # carry several requests); requests, failures and durations here.
+        self.stats.add_model(
+            handle.name,
+            handle.version,
+            counts=lambda: (stats.inference_count, stats.execution_count),
+        )
+
+    def _bls_model_ready(self, name: str, version: str) -> bool:
+        model = self.models.get(name)
+        if model is None or (version and version != model.version):
+            return False
+        return not self.draining and model.ready
+
+    async def bls(
+        self, name: str, version: str, request: ModelRequest, decoupled: bool
+    ) -> AsyncIterator[ModelResponse]:
+        """A Python model's BLS call to ``name``: any model served here, vLLM or Python,
+        through :meth:`infer` as a client's request goes. Errors are :class:`ModelError`."""
+        try:
+            model = self.get(name, version)
+            if model.decoupled and not decoupled:
+                raise TritonError(
+                    Code.INVALID_ARG,
+                    f"Model '{name}' is using the decoupled transaction policy: use "
+                    "exec(decoupled=True) (BLS to a decoupled model)",
+                )
+            tensors = {
+                t.name: Tensor(t.name, t.datatype, tuple(t.data.shape), t.data)
+                for t in request.inputs
+            }
+            responses = self.infer(
+                model,
+                tensors,
+                dict(request.parameters),
+                request.request_id,
+                list(request.requested_output_names),
+                internal=True,
+            )
+            async with aclosing(responses) as iterator:
+                async for response in iterator:
+                    error = None
+                    if response.error is not None:
+                        error = ModelError(response.error.code.value, response.error.message)
+                    outputs = [ModelTensor(t.name, t.datatype, t.data) for t in response.outputs]
+                    yield ModelResponse(outputs, {}, response.final, error)
+        except TritonError as exc:
+            raise ModelError(exc.code.value, exc.message) from None
+
     # --- model control (Triton's repository extension) ----------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
@@ -129,10 +264,12 @@ class InferenceService:
         rows = []
         for name in sorted(names):
             model = self.models.get(name)
-            if model is not None and model.engine.ready:
+            if model is not None and model.ready:
                 rows.append(IndexEntry(name, model.version, "READY"))
             elif ready_only:
                 continue
+            elif model is not None:  # a Python model whose process died
+                rows.append(IndexEntry(name, model.version, "UNAVAILABLE", model.failure))
             elif name in self._states:
                 rows.append(IndexEntry(name, *self._states[name]))
             else:
@@ -161,6 +298,21 @@ class InferenceService:
                 ) from exc
             self._states[name] = (entry.version, "LOADING", "")
             logger.info("loading model %s version %s", name, entry.version)
+            if entry.backend == PYTHON_BACKEND:
+                try:
+                    await self.add_python(entry)
+                except ModelLoadFailed as exc:
+                    reason = str(exc)
+                    self._states[name] = (entry.version, "UNAVAILABLE", reason)
+                    logger.error("failed to load '%s' version %s: %s", name, entry.version, reason)
+                    raise TritonError(
+                        Code.INTERNAL,
+                        f"failed to load '{name}', failed to load '{name}' version "
+                        f"{entry.version}: {reason}",
+                    ) from None
+                self._states[name] = (entry.version, "READY", "")
+                logger.info("successfully loaded '%s' version %s", name, entry.version)
+                return
             try:
                 engine = await asyncio.to_thread(control.load, entry)
             except Exception as exc:
@@ -185,20 +337,32 @@ class InferenceService:
             if model is None:
                 return
             self._states[name] = (model.version, "UNLOADING", "")
-            model.engine.begin_drain()
-            await model.engine.wait_idle(drain_timeout)
-            await asyncio.to_thread(model.engine.shutdown)
+            if model.handle is not None:
+                await model.handle.close(drain_timeout)
+            else:
+                assert model.engine is not None
+                model.engine.begin_drain()
+                await model.engine.wait_idle(drain_timeout)
+                await asyncio.to_thread(model.engine.shutdown)
             self._states[name] = (model.version, "UNAVAILABLE", "unloaded")
             logger.info("successfully unloaded '%s' version %s", name, model.version)
 
     def engines(self) -> list[Engine]:
         """The engines of the models served now."""
-        return [model.engine for model in self.models.values()]
+        return [model.engine for model in self.models.values() if model.engine is not None]
+
+    def python_handles(self) -> list[PythonModelHandle]:
+        """The Python-backend models served now."""
+        return [model.handle for model in self.models.values() if model.handle is not None]
 
     def shutdown(self) -> None:
         """Shut down every served engine (also those loaded at run time)."""
-        for model in self.models.values():
-            model.engine.shutdown()
+        for engine in self.engines():
+            engine.shutdown()
+
+    async def close_python(self, timeout_s: float = 10.0) -> None:
+        """``finalize`` every Python model and end its processes."""
+        await asyncio.gather(*(h.close(timeout_s) for h in self.python_handles()))
 
     # --- health -------------------------------------------------------------------------------
 
@@ -206,20 +370,26 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
-        return not self.draining and all(m.engine.ready for m in self.models.values())
+        return not self.draining and all(m.ready for m in self.models.values())
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Served, not draining, and ready: an engine that runs, or a Python model whose
+        processes live and whose own ``is_ready()`` (if it has one) says so."""
         try:
             model = self.get(name, version)
         except TritonError:
             return False
-        return not self.draining and model.engine.ready
+        if self.draining:
+            return False
+        if model.handle is not None:
+            return await model.handle.model_ready()
+        return model.ready
 
     def begin_drain(self) -> None:
         """Refuse new requests (readiness turns false); requests in flight run on."""
         self.draining = True
-        for model in self.models.values():
-            model.engine.begin_drain()
+        for engine in self.engines():
+            engine.begin_drain()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Until every request has sent its final response, or ``timeout`` seconds."""
@@ -247,7 +417,22 @@ class InferenceService:
 
     def metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self.get(name, version)
-        return contract.metadata(model.config, model.version)
+        if model.handle is None:
+            return contract.metadata(model.config, model.version)
+
+        def describe(specs: dict[str, TensorSpec]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype, "shape": list(s.dims)}
+                for s in specs.values()
+            ]
+
+        return {
+            "name": model.name,
+            "versions": [model.version],
+            "platform": model.config.platform or model.config.backend,
+            "inputs": describe(model.inputs),
+            "outputs": describe(model.outputs),
+        }
 
     # --- inference ----------------------------------------------------------------------------
 
@@ -288,11 +473,19 @@ class InferenceService:
         request_id: str = "",
         requested_outputs: list[str] | None = None,
         input_ns: int = 0,
+        internal: bool = False,
     ) -> AsyncGenerator[Response, None]:
         """Every response of one request; the last has ``final`` set.
 
         Raises :class:`TritonError` (before or between responses). Closing the iterator early
-        cancels the request in the engine."""
+        cancels the request in the engine. ``internal``: a BLS call of a model, which runs on
+        while the server drains (the request that made it is in flight)."""
+        if model.handle is not None:
+            async for response in self._python(
+                model, tensors, parameters, request_id, requested_outputs, input_ns, internal
+            ):
+                yield response
+            return
         timer = self.stats.timer(model.name)
         timer.input_ns = input_ns
         self._enter()
@@ -324,6 +517,67 @@ class InferenceService:
         finally:
             self._exit()
 
+    async def _python(
+        self,
+        model: ServedModel,
+        tensors: dict[str, Tensor],
+        parameters: dict[str, Any],
+        request_id: str,
+        requested_outputs: list[str] | None,
+        input_ns: int,
+        internal: bool,
+    ) -> AsyncGenerator[Response, None]:
+        """A Python model's request: its handle checks it as Triton core does (INVALID_ARG
+        naming the tensor), runs it in the model's process and streams the responses back."""
+        handle = model.handle
+        assert handle is not None
+        timer = self.stats.timer(model.name)
+        timer.input_ns = input_ns
+        self._enter()
+        failed = False
+        try:
+            if self.draining and not internal:
+                raise TritonError(Code.UNAVAILABLE, f"model '{model.name}' is being unloaded")
+            request = ModelRequest(
+                inputs=list(tensors.values()),
+                requested_output_names=tuple(requested_outputs or ()),
+                request_id=request_id,
+                parameters={k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS},
+            )
+            try:
+                stream = handle.stream(request)
+                async with aclosing(stream) as responses:
+                    async for response in responses:
+                        timer.responded()
+                        error = None
+                        if response.error is not None:
+                            failed = True
+                            error = triton_error(response.error)
+                        started = time.monotonic_ns()
+                        outputs = [
+                            Tensor(t.name, t.datatype, tuple(t.data.shape), t.data)
+                            for t in response.outputs
+                        ]
+                        timer.output_ns += time.monotonic_ns() - started
+                        yield Response(outputs, response.final, error)
+            except ModelError as exc:
+                raise triton_error(exc) from None
+            if failed:
+                timer.failed("BACKEND")
+            else:
+                timer.succeeded()
+        except (asyncio.CancelledError, GeneratorExit):
+            timer.failed("CANCELED")
+            raise
+        except TritonError as exc:
+            # As for vLLM models: refused before the model saw it is OTHER, unavailable
+            # REJECTED.
+            reason = {Code.UNAVAILABLE: "REJECTED", Code.INVALID_ARG: "OTHER"}
+            timer.failed(reason.get(exc.code, "BACKEND"))
+            raise
+        finally:
+            self._exit()
+
     def _wanted_outputs(
         self, model: ServedModel, requested: list[str] | None, request_id: str
     ) -> set[str] | None:
@@ -346,6 +600,7 @@ class InferenceService:
         timer: RequestTimer,
     ) -> AsyncGenerator[Response, None]:
         engine = model.engine
+        assert engine is not None
         task = contract.task_of(tensors)
         wanted = "embed" if engine.kind == "embed" else "generate"
         try:

@@ -18,13 +18,15 @@ the model: *queue* is arrival to the first response (the engine's queue and pref
 *compute input* is decoding the request tensors, *compute infer* is first response to last,
 *compute output* is building the response tensors; *request* is arrival to the final
 response. A request counts as one inference and one execution (batch size 1, as decoupled
-models report).
+models report), except for Python-backend models, whose executions (one ``execute`` call may
+carry several requests) and inferences (batch-size units) are counted where ``execute`` runs.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -57,6 +59,8 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     pending: int = 0
+    # (inference count, execution count) from the model itself, when it counts them.
+    counts: Callable[[], tuple[int, int]] | None = None
 
 
 class RequestTimer:
@@ -100,8 +104,10 @@ class StatsRecorder:
         self._lock = threading.Lock()
         self.models: dict[str, ModelStats] = {}
 
-    def add_model(self, name: str, version: str) -> ModelStats:
-        stats = ModelStats(name, version)
+    def add_model(
+        self, name: str, version: str, counts: Callable[[], tuple[int, int]] | None = None
+    ) -> ModelStats:
+        stats = ModelStats(name, version, counts=counts)
         self.models[name] = stats
         return stats
 
@@ -143,8 +149,11 @@ class StatsRecorder:
                     Duration(s.compute_input.count, s.compute_input.ns),
                     Duration(s.compute_infer.count, s.compute_infer.ns),
                     Duration(s.compute_output.count, s.compute_output.ns),
-                    s.inference_count,
-                    s.execution_count,
+                    *(
+                        s.counts()
+                        if s.counts is not None
+                        else (s.inference_count, s.execution_count)
+                    ),
                     s.last_inference_ms,
                     s.pending,
                 )
@@ -242,3 +251,31 @@ def render(recorder: StatsRecorder) -> str:
     ]
     lines += [f"{name}{_labels(model=s.name, version=s.version)} {s.pending}" for s in models]
     return "\n".join(lines) + "\n"
+
+
+def merge_families(texts: list[str]) -> str:
+    """Several Prometheus text expositions as one, each family's ``HELP``/``TYPE`` once.
+
+    Python models' custom metric families live server-wide in Triton: two models that create a
+    family of the same name add their series to that one family. Each model renders its own
+    here, so the families are joined by name (the first model's help text and type win;
+    :mod:`serving.python_backend.metrics` refuses nothing across models)."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    current: list[str] | None = None
+    for text in texts:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                name = line.split(" ", 3)[2]
+                header, samples = families.setdefault(name, ([], []))
+                kind = line[:7]
+                if not any(h.startswith(kind) for h in header):
+                    header.append(line)
+                current = samples
+            elif current is not None and line not in current:
+                current.append(line)
+    lines: list[str] = []
+    for header, samples in families.values():
+        lines += header + samples
+    return "\n".join(lines) + ("\n" if lines else "")

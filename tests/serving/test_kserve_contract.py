@@ -47,7 +47,7 @@ def test_config_is_auto_completed_like_the_vllm_backend(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('backend: "python"', "backend 'python' is not served here"),
+        ('backend: "onnxruntime"', "backend 'onnxruntime' is not served here"),
         ('backend: "vllm"\nmodel_transaction_policy { decoupled: false }', "decoupled"),
         ('name: "other"\nbackend: "vllm"', "does not match its directory"),
         ("backend: {{", "not a valid model configuration"),

@@ -117,11 +117,11 @@ def test_a_model_that_fails_to_load_stops_the_start(demo_model_dir, tmp_path) ->
 
 def test_an_unusable_repository_stops_the_start(demo_model_dir, tmp_path) -> None:
     repository = write_repository(tmp_path / "repo", demo_model_dir)
-    (repository / MODEL_NAME / "config.pbtxt").write_text('backend: "python"\n')
+    (repository / MODEL_NAME / "config.pbtxt").write_text('backend: "onnxruntime"\n')
     proc = launch(repository, tmp_path)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "KSERVE READY" not in out
-    assert "backend 'python' is not served here" in (tmp_path / "kserve.log").read_text()
+    assert "backend 'onnxruntime' is not served here" in (tmp_path / "kserve.log").read_text()
 
 
 def test_engine_arguments_the_cpu_engine_refuses_stop_the_start(demo_model_dir, tmp_path) -> None:
