@@ -72,8 +72,8 @@ class ManifestError(ValueError):
 
 
 # The backends each engine serves: Triton's image has the vLLM and Python backends; the CPU
-# engine stands in for the vLLM backend only.
-ENGINE_BACKENDS = {"tritonserver": ("vllm", "python"), "cpu": ("vllm",)}
+# engine stands in for both (Python-backend models run in serving.python_backend's processes).
+ENGINE_BACKENDS = {"tritonserver": ("vllm", "python"), "cpu": ("vllm", "python")}
 
 
 def check_manifest(manifest: dict[str, Any], engine: str = "cpu") -> dict[str, Any]:

@@ -89,7 +89,7 @@ def read_model(model_dir: Path) -> ModelEntry:
     config = read_config(model_dir)
     if config.backend == PYTHON_BACKEND:
         try:
-            version_dir = python_config.find_version(model_dir, config, None)
+            version_dir = python_config.find_version(model_dir, config, policy_version(config))
         except python_config.ConfigError as exc:
             raise RepositoryError(str(exc)) from None
         return ModelEntry(config.name, version_dir.name, version_dir, config, PYTHON_BACKEND)
@@ -102,6 +102,17 @@ def read_model(model_dir: Path) -> ModelEntry:
     if not (version_dir / "model.json").is_file():
         raise RepositoryError(f"{version_dir}: model.json (the vLLM engine arguments) is missing")
     return ModelEntry(config.name, str(number), version_dir, config)
+
+
+def policy_version(config: mc.ModelConfig) -> str | None:
+    """The version a ``specific`` version policy names (the highest, when it names several:
+    one version is served here), or ``None`` for the latest (``latest``, ``all``, no policy).
+    The portal packages Python models with ``specific`` policies."""
+    if config.version_policy.WhichOneof("policy_choice") == "specific":
+        versions = config.version_policy.specific.versions
+        if versions:
+            return str(max(versions))
+    return None
 
 
 def read_repository(root: Path, names: list[str] | None = None) -> list[ModelEntry]:

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -20,8 +21,10 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from serving.package import archive_bytes
 from tests.python_backend.helpers import MODELS, PEERS
 from tests.serving.conftest import MODEL_NAME, write_repository
+from tests.serving.instance_helpers import Instance, manifest
 from tests.serving.kserve_helpers import (
     KServeProcess,
     generate_inputs,
@@ -353,3 +356,41 @@ def test_explicit_model_control_loads_and_unloads_python_models(tmp_path) -> Non
         client.close()
     finally:
         assert server.stop() == 0
+
+
+def test_a_python_backend_package_runs_on_a_cpu_instance(tmp_path) -> None:
+    """The supervisor starts the CPU engine for a Python-backend package laid out as the portal
+    packages one (a ``specific`` version policy); ``api_surface: grpc`` leaves the front end
+    with health and the unified ``/metrics`` only."""
+    name = "demo--add-sub"
+    config = (PEERS / "add_sub" / "config.pbtxt").read_text()
+    config = config.replace('name: "add_sub"', f'name: "{name}"')
+    config += "\nversion_policy { specific { versions: 3 } }\n"
+    files = {
+        f"{name}/config.pbtxt": config.encode(),
+        f"{name}/3/model.py": (PEERS / "add_sub" / "1" / "model.py").read_bytes(),
+    }
+    meta = manifest(
+        files, name, tmp_path, backend="python", api_surface="grpc", constraint_plugins=[]
+    )
+    package = tmp_path / "pkg.tar"
+    package.write_bytes(archive_bytes(files, meta))
+    instance = Instance(package, tmp_path / "work", env={"VLLM_PLUGINS": ""})
+    try:
+        ports = instance.wait_ready(240)
+        base = f"http://127.0.0.1:{ports['openai']}"
+        assert instance.step("start_frontend")["openai"] is False
+        assert httpx.get(f"{base}/health/ready").status_code == 200
+        assert httpx.get(f"{base}/v1/models").status_code == 404
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc']}")
+        a = np.ones(4, np.float32)
+        result = client.infer(name, add_sub_inputs(grpcclient, a, a))
+        assert np.allclose(result.as_numpy("OUTPUT0"), 2 * a)
+        assert client.get_model_metadata(name, as_json=True)["versions"] == ["3"]
+        client.close()
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+        assert sample(text, "nv_inference_request_success", model=name, version="3") == 1
+        assert instance.stop() == 0
+    finally:
+        if instance.proc.poll() is None:
+            instance.stop()
