@@ -34,6 +34,8 @@ from serving.package import vllm_repository_files
 from .runner import PEER_FILES, peer_module
 
 PEERS = Path(__file__).resolve().parent
+# Triton's python_backend example add_sub, as upstream wrote it (tests/python_backend/).
+ADD_SUB = PEERS.parents[1] / "python_backend" / "peer_models" / "add_sub"
 ROOT = PEERS.parents[2]
 # The tests do ``sys.path.append("../../common")`` (relative to their own directory, which is
 # where test.sh runs them); under pytest the working directory differs, so put it here.
@@ -152,7 +154,8 @@ class Setup:
 
 
 def vllm_backend_repository(root: Path, weights: str) -> None:
-    """ci/L0_backend_vllm/vllm_backend/test.sh (add_sub is not built: see README.md)."""
+    """ci/L0_backend_vllm/vllm_backend/test.sh (add_sub from python_backend's examples, as
+    test.sh downloads it)."""
     add_model(root, "vllm_opt", weights, engine_args={**SAMPLE_ENGINE_ARGS})
     add_model(root, "vllm_load_test", weights)
     # sed 's/"enforce_eager"/"invalid_attribute"/'
@@ -166,6 +169,9 @@ def vllm_backend_repository(root: Path, weights: str) -> None:
     )
     # sed 's/"facebook\/opt-125m"/"invalid_model"/': the weights path is what names the model.
     add_model(root, "vllm_invalid_2", "invalid_model")
+    (root / "add_sub" / "1").mkdir(parents=True)
+    shutil.copy(ADD_SUB / "config.pbtxt", root / "add_sub" / "config.pbtxt")
+    shutil.copy(ADD_SUB / "1" / "model.py", root / "add_sub" / "1" / "model.py")
     ensemble = root / "ensemble_model"
     (ensemble / "1").mkdir(parents=True)
     shutil.copy(

@@ -55,8 +55,8 @@ class VLLMTritonBackendTest(TestResultCollector):
         self.vllm_load_test = "vllm_load_test"
 
     @unittest.skip(
-        "needs the Python-backend model add_sub and an ensemble; the CPU engine serves only "
-        "vLLM-backend models (Python-backend serving over KServe is issue 18, item 2)"
+        "needs an ensemble (ensemble_model), which the CPU engine does not serve; the "
+        "Python-backend model add_sub it also loads is served (issue 18 item 2)"
     )
     def test_vllm_triton_backend(self):
         # Load both vllm and add_sub models
