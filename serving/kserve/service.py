@@ -227,8 +227,8 @@ class InferenceService:
             if model.decoupled and not decoupled:
                 raise TritonError(
                     Code.INVALID_ARG,
-                    f"Model '{name}' is using the decoupled transaction policy: use "
-                    "exec(decoupled=True) (BLS to a decoupled model)",
+                    f"model '{name}' uses the decoupled transaction policy: call it with "
+                    "exec(decoupled=True)",
                 )
             tensors = {
                 t.name: Tensor(t.name, t.datatype, tuple(t.data.shape), t.data)
@@ -481,10 +481,12 @@ class InferenceService:
         cancels the request in the engine. ``internal``: a BLS call of a model, which runs on
         while the server drains (the request that made it is in flight)."""
         if model.handle is not None:
-            async for response in self._python(
+            python = self._python(
                 model, tensors, parameters, request_id, requested_outputs, input_ns, internal
-            ):
-                yield response
+            )
+            async with aclosing(python) as responses:  # leaving early cancels in the model
+                async for response in responses:
+                    yield response
             return
         timer = self.stats.timer(model.name)
         timer.input_ns = input_ns

@@ -34,7 +34,7 @@ from tests.serving.kserve_helpers import (
     text_of,
 )
 
-PYTHON_MODELS = ("repeat", "bls_caller", "faulty", "observed")
+PYTHON_MODELS = ("repeat", "bls_caller", "bls_mixed", "faulty", "observed")
 
 
 def copy_model(source: Path, root: Path, name: str | None = None) -> None:
@@ -243,6 +243,23 @@ def test_bls_reaches_the_other_models_of_the_server(http_client, server) -> None
     assert "not_served" in missing
     after = sample(metrics_text(server), "nv_inference_request_success", model="add_sub")
     assert after == before + 2  # the two BLS calls count for the callee, as in Triton
+
+
+def test_bls_to_a_vllm_model_and_a_plain_exec_to_a_decoupled_one(grpc_client) -> None:
+    prompt = grpcclient.InferInput("PROMPT", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"hello"], dtype=object))
+    result = grpc_client.infer("bls_mixed", [prompt], parameters={"target": MODEL_NAME})
+    direct: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: direct.put((result, error)))
+    grpc_client.async_stream_infer(
+        MODEL_NAME, generate_inputs("hello", {"max_tokens": 3, "temperature": 0})
+    )
+    expected, error = direct.get(timeout=120)
+    grpc_client.stop_stream()
+    assert error is None
+    assert result.as_numpy("TEXT")[0].decode() == text_of(expected)  # greedy: the same text
+    refusal = result.as_numpy("REFUSAL")[0].decode()
+    assert "repeat" in refusal and "decoupled=True" in refusal
 
 
 def test_custom_metrics_and_nv_inference_counts_on_the_metrics_port(grpc_client, server) -> None:
