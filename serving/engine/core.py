@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,8 @@ class _Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     aborted: bool = False
+    index: int = 0  # which of the parent request's n completions
+    n: int = 1  # the parent request's n (each completion reports it when it finishes)
 
 
 class _Cohort:
@@ -210,30 +212,42 @@ class Engine:
         arrived = time.monotonic()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        sequence = await asyncio.to_thread(self._admit, request, arrived)
+        n = request.options.n
+        sequences: list[_Sequence] = []
+        for index in range(n):
+            sequence = await asyncio.to_thread(self._admit, _child(request, index), arrived)
+            sequence.index, sequence.n = index, n
+            sequences.append(sequence)
 
         def emit(item: Any) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the caller's loop is gone: nobody is listening any more
-                sequence.aborted = True
+                for sequence in sequences:
+                    sequence.aborted = True
 
-        sequence.emit = emit
-        self._enqueue(sequence)
         finished = False
+        running = 0
         try:
+            for sequence in sequences:
+                sequence.emit = emit
+                self._enqueue(sequence)
+                running += 1
             while True:
                 item = await queue.get()
                 if item is _DONE:
-                    finished = True
-                    return
+                    running -= 1
+                    if running == 0:
+                        finished = True
+                        return
+                    continue
                 if isinstance(item, BaseException):
-                    finished = True
                     raise item
                 yield item
         finally:
             if not finished:
-                sequence.aborted = True  # read by the loop at its next step
+                for sequence in sequences:
+                    sequence.aborted = True  # read by the loop at its next step
 
     async def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """L2-normalized embeddings of ``texts`` and the number of prompt tokens."""
@@ -479,6 +493,7 @@ class Engine:
                 logprobs=(top,) if top is not None else None,
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
+                index=seq.index,
             )
         )
 
@@ -493,6 +508,7 @@ class Engine:
                     num_output_tokens=len(seq.output_ids),
                     cumulative_logprob=seq.cumulative_logprob,
                     finish_reason="abort",
+                    index=seq.index,
                 )
             )
         seq.emit(_DONE)
@@ -506,7 +522,7 @@ class Engine:
                 prompt_tokens=len(seq.prompt_ids),
                 generation_tokens=len(seq.output_ids),
                 max_tokens=seq.request.options.max_tokens,
-                n=1,
+                n=seq.n,
                 queue_time=scheduled - seq.arrived,
                 prefill_time=first - scheduled,
                 decode_time=last - first,
@@ -541,6 +557,17 @@ class Engine:
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             pooled = torch.nn.functional.normalize(pooled.float(), dim=-1)
             return pooled.numpy(), int(batch["attention_mask"].sum())
+
+
+def _child(request: GenerateRequest, index: int) -> GenerateRequest:
+    """Completion ``index`` of a request with ``n`` > 1, as vLLM's ``ParentRequest`` makes it:
+    the same parameters with ``n`` = 1 and, when a seed was given, seed + index (so the
+    completions differ but the whole request is reproducible)."""
+    options = request.options
+    if options.n == 1:
+        return request
+    seed = options.seed + index if options.seed is not None else None
+    return replace(request, options=replace(options, n=1, seed=seed))
 
 
 def raw_argmax(logits: torch.Tensor) -> int:

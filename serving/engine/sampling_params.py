@@ -1,9 +1,17 @@
 """Triton's vLLM-backend ``sampling_parameters`` JSON → :class:`SamplingOptions`, strictly.
 
-Triton's backend casts the keys it knows and *silently* drops the whole parameter set when
-anything fails to parse (``TritonSamplingParams.from_dict`` logs and returns ``None``). This
-engine speaks the same payload but refuses what it cannot honour, naming the key, so a caller
-never gets unconstrained or unpenalized output it did not ask for.
+Triton's backend (``TritonSamplingParams.from_dict``) converts each value by the type annotation
+of its vLLM ``SamplingParams`` field: a field annotated ``int``, ``float``, ``bool``, ``str`` or
+``Optional[int]`` gets ``type(value)``. That is why Triton's own clients send numbers as strings
+(``{"temperature": "0.1"}``), and this engine converts them the same way, by the same field table
+(:data:`TRITON_CONVERTED_FIELDS`, checked against the installed vLLM by a test: the CPU engine
+does not need vLLM at run time). Where the backend's rule is a trap, the value is converted
+correctly or refused instead: ``bool("false")`` is ``True`` and ``int(2.7)`` is ``2`` there,
+while here ``"false"`` is false and ``2.7`` for an integer field is refused.
+
+Anything that cannot be converted, or that the engine cannot honour, is refused naming the key
+(the backend fails such a request too, with a less helpful message), so a caller never gets
+unconstrained or unpenalized output it did not ask for.
 
 The payload is vLLM's ``SamplingParams`` by field name. ``structured_outputs`` is itself a JSON
 *string* holding vLLM's ``StructuredOutputsParams`` (exactly as Triton's backend expects), and
@@ -19,13 +27,48 @@ from typing import Any
 from serving.constraints.spec import EXTRA_ARGS_KEY, ConstraintError, parse_constraint
 from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
 
+# vLLM 0.24.0 ``SamplingParams`` fields whose annotation is in the backend's ``type_mapping``
+# (``int``, ``float``, ``bool``, ``str``, ``Optional[int]``), with the type it converts them to.
+# ``tests/serving/test_sampling_params.py`` rebuilds this from the installed vLLM.
+TRITON_CONVERTED_FIELDS: dict[str, type] = {
+    "n": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "repetition_penalty": float,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "seed": int,
+    "ignore_eos": bool,
+    "max_tokens": int,
+    "min_tokens": int,
+    "logprobs": int,
+    "prompt_logprobs": int,
+    "flat_logprobs": bool,
+    "detokenize": bool,
+    "skip_special_tokens": bool,
+    "spaces_between_special_tokens": bool,
+    "include_stop_str_in_output": bool,
+    "skip_clone": bool,
+    "output_text_buffer_length": int,
+    "_eos_token_id": int,
+    "routed_experts_prompt_start": int,
+    "thinking_token_budget": int,
+}
+# Of those, the ones annotated ``Optional[int]``: JSON null stays None (the vLLM default).
+OPTIONAL_INT_FIELDS = frozenset(
+    {"seed", "max_tokens", "logprobs", "prompt_logprobs", "_eos_token_id", "thinking_token_budget"}
+)
+_TRUE_STRINGS = {"true", "1"}
+_FALSE_STRINGS = {"false", "0"}
+
 # Keys accepted with any value the engine can act on.
-_INT = {"max_tokens", "min_tokens", "top_k", "seed", "logprobs"}
+_INT = {"max_tokens", "min_tokens", "top_k", "seed", "logprobs", "n"}
 _FLOAT = {"temperature", "top_p"}
 _BOOL = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
 # vLLM keys accepted only at their no-op value (anything else would be silently ignored here).
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
     "best_of": (None, 1),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
@@ -46,6 +89,7 @@ _STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_additional_properties"
 _UNSUPPORTED_OPTIONS = {"disable_additional_properties", "whitespace_pattern"}
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
+MAX_N = 16
 
 
 def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> SamplingOptions:
@@ -65,6 +109,8 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
         raise InvalidRequestError("sampling_parameters must be a JSON object")
     values: dict[str, Any] = {}
     for key, value in params.items():
+        if key in TRITON_CONVERTED_FIELDS:
+            value = convert_field(key, value)
         if key in _INT:
             values[key] = _int(key, value)
         elif key in _FLOAT:
@@ -157,6 +203,40 @@ def parse_structured_outputs(value: Any) -> StructuredOutput:
     raise InvalidRequestError(f"structured_outputs.{kind} is not supported by this engine")
 
 
+def convert_field(key: str, value: Any) -> Any:
+    """A value for a field the backend converts, as its field type; a string that does not
+    spell one is refused naming the key. Values of other JSON types go on to the field's own
+    check (``_int``/``_float``/``_bool``), which refuses what the backend would truncate."""
+    kind = TRITON_CONVERTED_FIELDS[key]
+    if value is None and key in OPTIONAL_INT_FIELDS:
+        return None
+    if kind is bool:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in _TRUE_STRINGS:
+                return True
+            if word in _FALSE_STRINGS:
+                return False
+            raise InvalidRequestError(
+                f"sampling_parameters.{key}={value!r} is not a boolean (true/false)"
+            )
+        return value
+    if not isinstance(value, str):
+        return value
+    try:
+        if kind is int:
+            return int(value.strip())
+        number = float(value.strip())
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequestError(f"sampling_parameters.{key}={value!r} is not {what}") from None
+    if not math.isfinite(number):
+        raise InvalidRequestError(f"sampling_parameters.{key}={value!r} is not a finite number")
+    return number
+
+
 def _extra_args(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -176,7 +256,12 @@ def _extra_args(value: Any) -> dict[str, Any]:
 
 
 def _int(key: str, value: Any) -> int | None:
-    if value is None and key in ("seed", "logprobs"):
+    if value is None and key in OPTIONAL_INT_FIELDS:
+        if key == "max_tokens":
+            raise InvalidRequestError(
+                "sampling_parameters.max_tokens must be an integer (null would mean up to the "
+                "context window; send the number)"
+            )
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
         raise InvalidRequestError(f"sampling_parameters.{key} must be an integer")
@@ -227,6 +312,8 @@ def _checked(options: SamplingOptions) -> SamplingOptions:
         raise InvalidRequestError("sampling_parameters.top_p must be in (0, 1]")
     if options.top_k < -1:
         raise InvalidRequestError("sampling_parameters.top_k must be -1, 0 or positive")
+    if not 1 <= options.n <= MAX_N:
+        raise InvalidRequestError(f"sampling_parameters.n must be 1..{MAX_N}")
     if options.logprobs is not None and not 0 <= options.logprobs <= 20:
         raise InvalidRequestError("sampling_parameters.logprobs must be 0..20")
     return options

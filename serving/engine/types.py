@@ -40,6 +40,7 @@ class SamplingOptions:
     :mod:`serving.engine.sampling_params` for the mapping and what is refused)."""
 
     max_tokens: int = 16
+    n: int = 1  # completions per prompt (vLLM's parallel sampling; seeds are seed + index)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
@@ -87,3 +88,6 @@ class Delta:
     logprobs: tuple[tuple[TokenLogprob, ...], ...] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # Which of the request's ``n`` completions this delta belongs to (vLLM's
+    # ``CompletionOutput.index``); always 0 when ``n`` is 1.
+    index: int = 0

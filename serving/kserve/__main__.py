@@ -20,8 +20,8 @@ import sys
 from types import FrameType
 
 from serving.kserve.cli import LOG_DATE_FORMATS, ServerOptions, parse_options
-from serving.kserve.repository import RepositoryError, read_repository
-from serving.kserve.server import load_repository, repository_configs, serve_kserve
+from serving.kserve.repository import ModelControl, RepositoryError, read_repository
+from serving.kserve.server import load_entry, load_repository, repository_configs, serve_kserve
 
 logger = logging.getLogger("serving.kserve")
 
@@ -59,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     for backend, setting, value in options.backend_config:
         logger.info("backend config %s: {%r: %r}", backend, setting, value)
+    explicit = options.model_control_mode == "explicit"
+    to_load = options.models_to_load()
     try:
-        entries = read_repository(options.model_repository, options.models_to_load())
+        if to_load == []:  # explicit mode without --load-model: nothing loads until asked
+            if not options.model_repository.is_dir():
+                raise RepositoryError(
+                    f"model repository {options.model_repository} is not a directory"
+                )
+            entries = []
+        else:
+            entries = read_repository(options.model_repository, to_load)
     except RepositoryError as exc:
         logger.error("model repository refused, not serving: %s", exc)
         return 2
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 ready_callback=ready,
                 drain_timeout=options.exit_timeout_secs,
                 configs=repository_configs(entries),
+                control=ModelControl(options.model_repository, explicit, load_entry),
             )
         )
     except _StopRequested as stop:  # arrived before serve_kserve installed its handlers

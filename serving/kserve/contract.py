@@ -13,9 +13,13 @@ Generation (no ``embedding_request`` input):
 - ``exclude_input_in_output`` BOOL [1]: when absent, non-streaming output starts with the
   prompt; streaming with ``exclude_input_in_output=False`` is an error.
 - ``sampling_parameters`` BYTES [1]: vLLM ``SamplingParams`` as JSON (``structured_outputs``
-  is itself a JSON string). Without it the request *parameters* are used (the path of
-  ``/v2/models/<m>/generate``). Unlike the backend, which logs and drops a payload it cannot
-  parse, the payload is parsed strictly and errors name the key.
+  is itself a JSON string); values may be strings, converted by the field's type as the backend
+  does. Without it the request *parameters* are used (the path of
+  ``/v2/models/<m>/generate``). Unlike the backend, which fails a payload it cannot parse with
+  an unhelpful message, the payload is parsed strictly and errors name the key.
+- ``n`` > 1: non-streaming, the one response carries every completion in index order
+  (``text_output`` and the per-completion outputs have shape ``[n]``); streaming, each response
+  carries the new text of one completion, and the last one is final.
 - ``return_finish_reason`` / ``return_cumulative_logprob`` / ``return_logprobs`` /
   ``return_num_input_tokens`` / ``return_num_output_tokens`` BOOL [1] add the outputs
   ``finish_reason`` (``str(reason)``, so ``"None"`` until finished), ``cumulative_logprob``
@@ -285,52 +289,67 @@ def _logprobs_json(delta_logprobs: Any) -> list[dict[int, dict[str, Any]]]:
 class GenerateResponder:
     """Turns engine deltas into output tensors (``GenerateRequest.create_response``).
 
-    Streaming: one response per delta, each with only the new text, tokens and logprobs.
-    Otherwise everything is gathered and :meth:`final` builds the one response."""
+    Streaming: one response per delta, each with only the new text, tokens and logprobs of the
+    completion that delta belongs to (with ``n`` > 1, vLLM hands the backend one
+    ``RequestOutput`` per completion step, so each response carries one completion).
+    Otherwise everything is gathered and :meth:`final` builds the one response, with one entry
+    per completion in index order (``text_output`` of shape ``[n]``)."""
 
     def __init__(self, call: GenerateCall) -> None:
         self.call = call
-        self.text: list[str] = []
-        self.logprobs: list[dict[int, dict[str, Any]]] = []
-        self.last: Delta | None = None
+        n = call.options.n
+        self.text: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs: list[list[dict[int, dict[str, Any]]]] = [[] for _ in range(n)]
+        self.last: list[Delta | None] = [None] * n
+        self.unfinished = n
         self.wants_logprobs = call.options.logprobs is not None
+
+    @property
+    def finished(self) -> bool:
+        """Every completion has its finish reason: the response just built is the last."""
+        return self.unfinished == 0
 
     def add(self, delta: Delta) -> list[Tensor] | None:
         """Record a delta; when streaming, return its response's outputs."""
-        self.last = delta
+        previous = self.last[delta.index]
+        if delta.finish_reason is not None and (previous is None or previous.finish_reason is None):
+            self.unfinished -= 1
+        self.last[delta.index] = delta
         if self.call.stream:
             lp = _logprobs_json(delta.logprobs or ()) if self.wants_logprobs else None
-            return self._outputs(delta, delta.text, len(delta.token_ids), lp)
-        self.text.append(delta.text)
+            return self._outputs([delta], [delta.text], [len(delta.token_ids)], [lp])
+        self.text[delta.index].append(delta.text)
         if self.wants_logprobs and delta.logprobs:
-            self.logprobs.extend(_logprobs_json(delta.logprobs))
+            self.logprobs[delta.index].extend(_logprobs_json(delta.logprobs))
         return None
 
     def final(self) -> list[Tensor]:
         """The one response of a non-streaming request."""
-        assert self.last is not None, "the engine finished without a delta"
-        text = "".join(self.text)
-        if self.call.prepend_input:
-            text = self.call.prompt + text
-        lp = self.logprobs if self.wants_logprobs else None
-        return self._outputs(self.last, text, self.last.num_output_tokens, lp)
+        deltas = [d for d in self.last if d is not None]
+        assert len(deltas) == len(self.last), "the engine finished without a delta"
+        prefix = self.call.prompt if self.call.prepend_input else ""
+        texts = [prefix + "".join(parts) for parts in self.text]
+        counts = [d.num_output_tokens for d in deltas]
+        lps: list[Any] = [lp if self.wants_logprobs else None for lp in self.logprobs]
+        return self._outputs(deltas, texts, counts, lps)
 
     def _outputs(
-        self, delta: Delta, text: str, new_tokens: int, logprobs: list[Any] | None
+        self, deltas: list[Delta], texts: list[str], new_tokens: list[int], logprobs: list[Any]
     ) -> list[Tensor]:
         flags = self.call.flags
-        out = [_bytes_tensor("text_output", [text])]
+        out = [_bytes_tensor("text_output", texts)]
         if flags.get("return_finish_reason"):
-            out.append(_bytes_tensor("finish_reason", [str(delta.finish_reason)]))
+            out.append(_bytes_tensor("finish_reason", [str(d.finish_reason) for d in deltas]))
         if flags.get("return_cumulative_logprob"):
-            value = np.array([delta.cumulative_logprob], dtype=np.float32)
-            out.append(Tensor("cumulative_logprob", "FP32", (1,), value))
+            value = np.array([d.cumulative_logprob for d in deltas], dtype=np.float32)
+            out.append(Tensor("cumulative_logprob", "FP32", (len(deltas),), value))
         if flags.get("return_logprobs"):
-            out.append(_bytes_tensor("logprobs", [json.dumps(logprobs)]))
+            out.append(_bytes_tensor("logprobs", [json.dumps(lp) for lp in logprobs]))
         if flags.get("return_num_input_tokens"):
-            out.append(_uint32("num_input_tokens", delta.num_input_tokens))
+            out.append(_uint32("num_input_tokens", deltas[0].num_input_tokens))
         if flags.get("return_num_output_tokens"):
-            out.append(_uint32("num_output_tokens", new_tokens))
+            counts = np.array(new_tokens, dtype=np.uint32)
+            out.append(Tensor("num_output_tokens", "UINT32", (len(new_tokens),), counts))
         return out
 
 

@@ -113,12 +113,30 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         models = [
             pb.RepositoryIndexResponse.ModelIndex(
-                name=m.name, version=m.version, state="READY" if m.engine.ready else "UNAVAILABLE"
+                name=row.name, version=row.version, state=row.state, reason=row.reason
             )
-            for _, m in sorted(self.service.models.items())
-            if not request.ready or m.engine.ready
+            for row in self.service.repository_index(ready_only=request.ready)
         ]
         return pb.RepositoryIndexResponse(models=models)
+
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        try:
+            refuse_load_overrides(parameters_of(request.parameters))
+            await self.service.load_model(request.model_name)
+        except TritonError as exc:
+            await context.abort(exc.grpc_status, exc.message)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        try:
+            await self.service.unload_model(request.model_name)
+        except TritonError as exc:
+            await context.abort(exc.grpc_status, exc.message)
+        return pb.RepositoryModelUnloadResponse()
 
     # --- inference ----------------------------------------------------------------------------
 
@@ -208,6 +226,16 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             logger.exception("stream request %s failed", request_id)
             error = TritonError(Code.INTERNAL, f"internal error: {exc}")
             yield pb.ModelStreamInferResponse(error_message=error.message)
+
+
+def refuse_load_overrides(parameters: dict[str, Any]) -> None:
+    """Triton's load may carry a replacement ``config`` and ``file:`` contents; the CPU engine
+    loads only what the repository holds, so those are refused rather than ignored."""
+    if parameters:
+        raise invalid(
+            f"load parameters {sorted(parameters)} are not supported: the CPU engine loads "
+            "models only as the repository holds them"
+        )
 
 
 async def start_grpc_server(service: InferenceService, host: str, port: int) -> tuple[Any, int]:

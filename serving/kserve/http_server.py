@@ -33,7 +33,12 @@ from starlette.routing import Route
 
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
-from serving.kserve.grpc_server import EXTENSIONS, SERVER_NAME, SERVER_VERSION
+from serving.kserve.grpc_server import (
+    EXTENSIONS,
+    SERVER_NAME,
+    SERVER_VERSION,
+    refuse_load_overrides,
+)
 from serving.kserve.service import InferenceService, ServedModel
 from serving.kserve.triton_metrics import Duration, ModelStats
 
@@ -266,25 +271,48 @@ def build_app(service: InferenceService) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream; charset=utf-8")
 
-    async def repository_index(request: Request) -> Response:
+    async def json_body(request: Request) -> Any:
         raw = await request.body()
         try:
-            body = json.loads(raw) if raw else {}
+            return json.loads(raw) if raw else {}
         except json.JSONDecodeError as exc:
-            return JSONResponse(
-                {"error": f"failed to parse the request JSON buffer: {exc.msg}"}, 400
-            )
+            raise invalid(f"failed to parse the request JSON buffer: {exc.msg}") from None
+
+    async def repository_index(request: Request) -> Response:
+        try:
+            body = await json_body(request)
+        except TritonError as exc:
+            return _error(exc)
         ready_only = bool(body.get("ready")) if isinstance(body, dict) else False
-        models = [
-            {
-                "name": m.name,
-                "version": m.version,
-                "state": "READY" if m.engine.ready else "UNAVAILABLE",
-            }
-            for _, m in sorted(service.models.items())
-            if not ready_only or m.engine.ready
-        ]
-        return JSONResponse(models)
+        rows = []
+        for row in service.repository_index(ready_only):
+            entry = {"name": row.name}
+            if row.version:
+                entry["version"] = row.version
+            if row.state:
+                entry["state"] = row.state
+            if row.reason:
+                entry["reason"] = row.reason
+            rows.append(entry)
+        return JSONResponse(rows)
+
+    async def repository_load(request: Request) -> Response:
+        try:
+            body = await json_body(request)
+            parameters = body.get("parameters") if isinstance(body, dict) else None
+            refuse_load_overrides(parameters or {})
+            await service.load_model(request.path_params["model"])
+        except TritonError as exc:
+            return _error(exc)
+        return Response(status_code=200)
+
+    async def repository_unload(request: Request) -> Response:
+        try:
+            await json_body(request)
+            await service.unload_model(request.path_params["model"])
+        except TritonError as exc:
+            return _error(exc)
+        return Response(status_code=200)
 
     model_routes = []
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -303,6 +331,8 @@ def build_app(service: InferenceService) -> Starlette:
         Route("/v2/health/ready", ready, methods=["GET"]),
         Route("/v2/models/stats", model_stats, methods=["GET"]),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
         *model_routes,
     ]
     return Starlette(routes=routes)

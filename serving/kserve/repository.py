@@ -9,8 +9,10 @@ repository that Triton would refuse is refused before any port opens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -95,3 +97,22 @@ def read_repository(root: Path, names: list[str] | None = None) -> list[ModelEnt
         if not dirs:
             raise RepositoryError(f"model repository {root} holds no model (no */config.pbtxt)")
     return [read_model(d) for d in dirs]
+
+
+def model_names(root: Path) -> list[str]:
+    """Every model directory of the repository (one holding a ``config.pbtxt``), sorted."""
+    return sorted(p.name for p in Path(root).iterdir() if (p / "config.pbtxt").is_file())
+
+
+@dataclass(frozen=True)
+class ModelControl:
+    """Triton's model control (``--model-control-mode``) over one repository.
+
+    ``explicit``: the repository-extension calls (load, unload) are allowed, as with
+    ``--model-control-mode=explicit``; otherwise (``none``) they are refused as Triton refuses
+    them. ``load`` turns an entry into a ready engine (slow: reads weights); it runs in a worker
+    thread, so serving goes on while a model loads."""
+
+    root: Path
+    explicit: bool
+    load: Callable[[ModelEntry], Any]

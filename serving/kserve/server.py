@@ -31,7 +31,7 @@ from serving.engine.model import read_engine_config
 from serving.engine.stats import EngineStats, FanOutStats
 from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
-from serving.kserve.repository import ModelEntry
+from serving.kserve.repository import ModelControl, ModelEntry
 from serving.kserve.service import InferenceService
 from serving.kserve.triton_metrics import render
 from serving.metrics import triton_vllm
@@ -63,10 +63,11 @@ def metrics_app(
 ) -> Starlette:
     """Triton's metrics port: the ``nv_*`` families, then the ``vllm:`` families Triton's vLLM
     backend bridges for the models that report them (``bridged``)."""
-    bridged = bridged or []
 
     async def metrics(request: Request) -> Response:
-        text = render(service.stats) + triton_vllm.render(bridged)
+        # Without a fixed list: the served models' own, which change under model control.
+        families = bridged if bridged is not None else bridged_metrics(service.engines())
+        text = render(service.stats) + triton_vllm.render(families)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
@@ -100,19 +101,22 @@ def load_repository(entries: list[ModelEntry]) -> list[Engine]:
     when its ``config.pbtxt`` sets ``REPORT_CUSTOM_METRICS`` and its ``model.json`` does not
     set ``disable_log_stats``. Those families' token buckets follow the loaded engine's
     ``max_model_len`` (vLLM's ``model_config.max_model_len``), so they join after loading."""
-    engines = []
-    for entry in entries:
-        logger.info("loading model %s version %s", entry.name, entry.version)
-        engine_config = read_engine_config(entry.version_dir)
-        stats = FanOutStats()
-        multiprocess = engine_stats(entry.name, engine_config.max_model_len)
-        if multiprocess is not None:
-            stats.add(multiprocess)
-        engine = load_engine(entry.version_dir, name=entry.name, stats=stats)
-        if reports_custom_metrics(entry.config) and not engine_config.disable_log_stats:
-            stats.add(TritonVllmMetrics(engine.name, engine.version, engine.max_model_len))
-        engines.append(engine)
-    return engines
+    return [load_entry(entry) for entry in entries]
+
+
+def load_entry(entry: ModelEntry) -> Engine:
+    """Load one model (see :func:`load_repository`); also what explicit model control's
+    ``load`` runs."""
+    logger.info("loading model %s version %s", entry.name, entry.version)
+    engine_config = read_engine_config(entry.version_dir)
+    stats = FanOutStats()
+    multiprocess = engine_stats(entry.name, engine_config.max_model_len)
+    if multiprocess is not None:
+        stats.add(multiprocess)
+    engine = load_engine(entry.version_dir, name=entry.name, stats=stats)
+    if reports_custom_metrics(entry.config) and not engine_config.disable_log_stats:
+        stats.add(TritonVllmMetrics(engine.name, engine.version, engine.max_model_len))
+    return engine
 
 
 def bridged_metrics(engines: list[Engine]) -> list[TritonVllmMetrics]:
@@ -137,6 +141,7 @@ async def serve_kserve(
     drain_timeout: float = 30.0,
     configs: dict[str, mc.ModelConfig] | None = None,
     stop: asyncio.Event | None = None,
+    control: ModelControl | None = None,
 ) -> None:
     """Serve ``engines`` until SIGTERM/SIGINT (or ``stop`` is set), then drain and return.
 
@@ -144,12 +149,11 @@ async def serve_kserve(
     others' too. Ports may be 0 (any free port); ``metrics_port=None`` opens no metrics port
     (tritonserver's ``--allow-metrics=false``; reported as 0). ``ready_callback(http, grpc,
     metrics)`` receives the bound ports once everything listens. The engines are shut down on
-    return."""
+    return. ``control`` enables Triton's model control (load/unload at run time)."""
     not_ready = [e.name for e in engines if not e.ready]
     if not_ready:
         raise RuntimeError(f"engines not ready, ports stay closed: {not_ready}")
-    service = InferenceService(engines, configs)
-    bridged = bridged_metrics(engines)
+    service = InferenceService(engines, configs, control)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
@@ -170,7 +174,7 @@ async def serve_kserve(
         if metrics_port is not None:
             metrics_sock = _bind(metrics_host or host, metrics_port)
             sockets.append(metrics_sock)
-            apps.append((metrics_app(service, bridged), metrics_sock))
+            apps.append((metrics_app(service), metrics_sock))
         grpc_server, grpc_bound = await start_grpc_server(service, grpc_host or host, grpc_port)
         for app, sock in apps:
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
@@ -211,6 +215,7 @@ async def serve_kserve(
         await asyncio.gather(*tasks, return_exceptions=True)
         for engine in engines:
             engine.shutdown()
+        service.shutdown()  # also the models loaded at run time (explicit model control)
         for sig in installed:
             loop.remove_signal_handler(sig)
         for sock in sockets:

@@ -8,6 +8,7 @@ every decision that a client could observe is made here once, so both answer ali
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -21,7 +22,12 @@ from serving.engine.types import Delta, EngineUnavailableError, GenerateRequest,
 from serving.kserve import contract
 from serving.kserve.contract import Tensor, TensorSpec
 from serving.kserve.errors import Code, TritonError, invalid
+from serving.kserve.repository import ModelControl, RepositoryError, model_names, read_model
 from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
+
+logger = logging.getLogger("serving.kserve")
+
+MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 
 # Request parameters Triton itself consumes; they never reach the backend's ``parameters()``.
 RESERVED_PARAMETERS = frozenset(
@@ -74,23 +80,125 @@ def _request_tag(request_id: str) -> str:
     return f"[request id: {request_id or '<id_unknown>'}] "
 
 
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of the repository index (``RepositoryIndex`` / ``/v2/repository/index``)."""
+
+    name: str
+    version: str = ""
+    state: str = ""  # "" (never loaded), READY, UNAVAILABLE, LOADING, UNLOADING
+    reason: str = ""
+
+
 class InferenceService:
     def __init__(
-        self, engines: list[Engine], configs: dict[str, mc.ModelConfig] | None = None
+        self,
+        engines: list[Engine],
+        configs: dict[str, mc.ModelConfig] | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         configs = configs or {}
         self.models: dict[str, ServedModel] = {}
         self.stats = StatsRecorder()
         for engine in engines:
-            config = configs.get(engine.name) or default_config(engine)
-            self.models[engine.name] = ServedModel(
-                engine, config, contract.input_specs(config), contract.output_specs(config)
-            )
-            self.stats.add_model(engine.name, engine.version)
+            self._add(engine, configs.get(engine.name) or default_config(engine))
+        self.control = control
+        # Models that were loaded or tried since start: (version, state, reason).
+        self._states: dict[str, tuple[str, str, str]] = {}
+        self._control_lock = asyncio.Lock()
         self.draining = False
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def _add(self, engine: Engine, config: mc.ModelConfig) -> None:
+        self.models[engine.name] = ServedModel(
+            engine, config, contract.input_specs(config), contract.output_specs(config)
+        )
+        self.stats.add_model(engine.name, engine.version)
+
+    # --- model control (Triton's repository extension) ----------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model of the repository (or only the served ones without one), as Triton's
+        index lists them: served models READY, unloaded or failed ones UNAVAILABLE with the
+        reason, never-loaded ones with no state."""
+        names = set(self.models) | set(self._states)
+        if self.control is not None:
+            names |= set(model_names(self.control.root))
+        rows = []
+        for name in sorted(names):
+            model = self.models.get(name)
+            if model is not None and model.engine.ready:
+                rows.append(IndexEntry(name, model.version, "READY"))
+            elif ready_only:
+                continue
+            elif name in self._states:
+                rows.append(IndexEntry(name, *self._states[name]))
+            else:
+                rows.append(IndexEntry(name))
+        return rows
+
+    def _check_control(self) -> ModelControl:
+        if self.control is None or not self.control.explicit:
+            raise TritonError(Code.UNAVAILABLE, MODEL_CONTROL_DISABLED)
+        return self.control
+
+    async def load_model(self, name: str) -> None:
+        """Load ``name`` from the repository (explicit mode); a served model is left as is.
+
+        Raises :class:`TritonError` (INTERNAL, as Triton) with the reason when it cannot."""
+        control = self._check_control()
+        async with self._control_lock:
+            if name in self.models:
+                return
+            try:
+                entry = read_model(control.root / name)
+            except (RepositoryError, OSError) as exc:
+                self._states[name] = ("", "UNAVAILABLE", str(exc))
+                raise TritonError(
+                    Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository"
+                ) from exc
+            self._states[name] = (entry.version, "LOADING", "")
+            logger.info("loading model %s version %s", name, entry.version)
+            try:
+                engine = await asyncio.to_thread(control.load, entry)
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                self._states[name] = (entry.version, "UNAVAILABLE", reason)
+                logger.error("failed to load '%s' version %s: %s", name, entry.version, reason)
+                raise TritonError(
+                    Code.INTERNAL,
+                    f"failed to load '{name}', failed to load '{name}' version "
+                    f"{entry.version}: {reason}",
+                ) from None
+            self._add(engine, entry.config)
+            self._states[name] = (entry.version, "READY", "")
+            logger.info("successfully loaded '%s' version %s", name, entry.version)
+
+    async def unload_model(self, name: str, drain_timeout: float = 30.0) -> None:
+        """Stop serving ``name``: new requests are refused at once (it leaves the served set),
+        those in flight finish within ``drain_timeout``, then the engine is shut down."""
+        self._check_control()
+        async with self._control_lock:
+            model = self.models.pop(name, None)
+            if model is None:
+                return
+            self._states[name] = (model.version, "UNLOADING", "")
+            model.engine.begin_drain()
+            await model.engine.wait_idle(drain_timeout)
+            await asyncio.to_thread(model.engine.shutdown)
+            self._states[name] = (model.version, "UNAVAILABLE", "unloaded")
+            logger.info("successfully unloaded '%s' version %s", name, model.version)
+
+    def engines(self) -> list[Engine]:
+        """The engines of the models served now."""
+        return [model.engine for model in self.models.values()]
+
+    def shutdown(self) -> None:
+        """Shut down every served engine (also those loaded at run time)."""
+        for model in self.models.values():
+            model.engine.shutdown()
 
     # --- health -------------------------------------------------------------------------------
 
@@ -255,15 +363,24 @@ class InferenceService:
             responder = contract.GenerateResponder(generate)
             request_key = request_id or f"kserve-{id(timer)}"
             request = GenerateRequest(request_key, generate.prompt, generate.options)
-            async with aclosing(
-                cast(AsyncGenerator[Delta, None], engine.generate(request))
-            ) as deltas:
-                async for delta in deltas:
-                    started = time.monotonic_ns()
-                    streamed = responder.add(delta)
-                    timer.output_ns += time.monotonic_ns() - started
-                    if streamed is not None:
-                        yield Response(streamed, final=delta.finish_reason is not None)
+            try:
+                async with aclosing(
+                    cast(AsyncGenerator[Delta, None], engine.generate(request))
+                ) as deltas:
+                    try:
+                        async for delta in deltas:
+                            started = time.monotonic_ns()
+                            streamed = responder.add(delta)
+                            timer.output_ns += time.monotonic_ns() - started
+                            if streamed is not None:
+                                yield Response(streamed, final=responder.finished)
+                    except (asyncio.CancelledError, GeneratorExit):
+                        logger.info("[vllm] Cancelling the request")  # the backend's words
+                        raise
+            except (asyncio.CancelledError, GeneratorExit):
+                # Closing the engine's stream (above) aborted the request there.
+                logger.info("[vllm] Successfully cancelled the request")
+                raise
             if not generate.stream:
                 yield Response(responder.final(), final=True)
         except InvalidRequestError as exc:

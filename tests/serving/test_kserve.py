@@ -508,3 +508,76 @@ def test_enable_empty_final_response_must_be_a_bool(kserve) -> None:
     assert "expected bool_param" in response.error_message
     assert response.infer_response.id == "raw"
     assert response.infer_response.parameters["triton_final_response"].bool_param
+
+
+# --- Triton's clients: string values, n > 1, model control in "none" mode ---------------------
+
+
+def test_string_sampling_values_convert_as_tritons_backend_does(grpc_client, kserve) -> None:
+    """What Triton's sample client and CI tests send: every value a string."""
+    as_strings = {"temperature": "0", "max_tokens": "6", "ignore_eos": "true"}
+    [typed] = one(grpc_client, generate_inputs("Hello", GREEDY))
+    [converted] = one(grpc_client, generate_inputs("Hello", as_strings))
+    assert text_of(converted) == text_of(typed)
+    assert count_of(converted, "num_output_tokens") == 6
+    # Without the tensor, the request parameters (strings on the wire) convert the same way.
+    inputs = [bytes_input("text_input", "Hello"), bool_input("exclude_input_in_output", True)]
+    [from_parameters] = one_with_parameters(grpc_client, inputs, as_strings)
+    assert text_of(from_parameters) == text_of(typed)
+    # What does not convert is refused naming the key, on the stream and over HTTP (400).
+    assert "temperature='hot'" in one_error(
+        grpc_client, generate_inputs("x", {"temperature": "hot"})
+    )
+    response = httpx.post(
+        f"http://{kserve.http_url}/v2/models/{MODEL_NAME}/generate",
+        json={"text_input": "x", "parameters": {"ignore_eos": "maybe"}},
+    )
+    assert response.status_code == 400
+    assert "sampling_parameters.ignore_eos='maybe'" in response.json()["error"]
+
+
+def one_with_parameters(
+    client: grpcclient.InferenceServerClient, inputs: list[Any], parameters: dict[str, Any]
+) -> list[Any]:
+    responses = stream_requests(client, [("r", inputs)], parameters=parameters)
+    assert "errors" not in responses, responses["errors"]
+    return responses["r"]
+
+
+def test_n_completions_in_one_response_in_index_order(grpc_client) -> None:
+    """Not streaming, ``n`` = 3 answers once with three completions, completion i being what
+    the same request with n = 1 and seed + i gives (vLLM's parallel sampling)."""
+    sampling = {"n": 3, "seed": 5, "temperature": 1.0, "max_tokens": 4, "ignore_eos": True}
+    [result] = one(grpc_client, generate_inputs("Hello", sampling, exclude_input=False))
+    texts = [t.decode() for t in result.as_numpy("text_output")]
+    assert result.as_numpy("text_output").shape == (3,)
+    assert [r.decode() for r in result.as_numpy("finish_reason")] == ["length"] * 3
+    assert list(result.as_numpy("num_output_tokens")) == [4, 4, 4]
+    assert result.as_numpy("num_input_tokens").shape == (1,)
+    for i, text in enumerate(texts):
+        single = {**sampling, "n": 1, "seed": 5 + i}
+        [alone] = one(grpc_client, generate_inputs("Hello", single, exclude_input=False))
+        assert text == text_of(alone)
+        assert text.startswith("Hello")
+
+
+def test_n_completions_streamed_one_completion_per_response(grpc_client) -> None:
+    sampling = {"n": 2, "temperature": 0, "max_tokens": 5, "ignore_eos": True}
+    responses = one(grpc_client, generate_inputs("Hello", sampling, stream=True))
+    assert len(responses) == 2 * 5  # one per completion per step
+    assert all(r.as_numpy("text_output").shape == (1,) for r in responses)
+    assert [is_final(r) for r in responses] == [False] * 9 + [True]
+    assert [count_of(r, "num_output_tokens") for r in responses] == [1] * 10
+    # Greedy: both completions are the text of the same request with n = 1, so the responses
+    # carry that request's deltas twice over (the two completions' steps interleave).
+    alone = one(grpc_client, generate_inputs("Hello", {**sampling, "n": 1}, stream=True))
+    assert sorted(text_of(r) for r in responses) == sorted(2 * [text_of(r) for r in alone])
+
+
+def test_model_control_is_refused_without_explicit_mode(grpc_client, http_client) -> None:
+    for client in (grpc_client, http_client):
+        with pytest.raises(InferenceServerException, match="explicit model load / unload"):
+            client.load_model(MODEL_NAME)
+        with pytest.raises(InferenceServerException, match="explicit model load / unload"):
+            client.unload_model(MODEL_NAME)
+    assert grpc_client.is_model_ready(MODEL_NAME)

@@ -7,7 +7,11 @@ import json
 import pytest
 
 from serving.constraints.spec import Choice
-from serving.engine.sampling_params import parse_sampling_parameters
+from serving.engine.sampling_params import (
+    OPTIONAL_INT_FIELDS,
+    TRITON_CONVERTED_FIELDS,
+    parse_sampling_parameters,
+)
 from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
 
 
@@ -58,12 +62,21 @@ def test_the_platform_constraint_travels_in_extra_args() -> None:
         ("not json", "not valid JSON"),
         ("[]", "JSON object"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"n": 2}, "sampling_parameters.n"),
+        ({"n": 0}, "sampling_parameters.n"),
+        ({"n": "2.5"}, "n='2.5' is not an integer"),
+        ({"temperature": "hot"}, "temperature='hot' is not a number"),
+        ({"temperature": "nan"}, "temperature='nan' is not a finite number"),
+        ({"top_k": 2.5}, "top_k must be an integer"),
+        ({"ignore_eos": "no"}, "ignore_eos='no' is not a boolean"),
+        ({"ignore_eos": 2}, "ignore_eos must be true or false"),
+        ({"presence_penalty": "0.5"}, "presence_penalty=0.5 is not supported"),
+        ({"max_tokens": None}, "max_tokens must be an integer"),
+        ({"skip_clone": "true"}, "skip_clone is not a known parameter"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"temprature": 0.5}, "temprature is not a known parameter"),
         ({"guided_decoding": "{}"}, "structured_outputs"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_tokens": "12"}, "max_tokens must be an integer"),
+        ({"max_tokens": "0"}, "max_tokens"),
         ({"top_p": 0}, "top_p"),
         ({"temperature": -1}, "temperature"),
         ({"stop": [""]}, "stop"),
@@ -86,3 +99,108 @@ def test_what_cannot_be_honoured_is_refused_by_name(payload, message) -> None:
     raw = payload if isinstance(payload, str) else json.dumps(payload)
     with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(")):
         parse_sampling_parameters(raw)
+
+
+def test_strings_convert_by_the_vllm_field_type_as_tritons_backend_does() -> None:
+    """What Triton's sample client and CI tests send: every value a string."""
+    options = parse_sampling_parameters(
+        json.dumps(
+            {
+                "temperature": "0.1",
+                "top_p": "0.95",
+                "top_k": "40",
+                "max_tokens": "12",
+                "seed": "7",
+                "n": "2",
+                "logprobs": "1",
+                "ignore_eos": "true",
+                "skip_special_tokens": "False",
+                "presence_penalty": "0",
+                "repetition_penalty": "1.0",
+            }
+        )
+    )
+    assert options.temperature == 0.1 and options.top_p == 0.95 and options.top_k == 40
+    assert options.max_tokens == 12 and options.seed == 7 and options.n == 2
+    assert options.logprobs == 1 and options.ignore_eos is True
+    assert options.skip_special_tokens is False  # the backend's bool("False") would be True
+    # Numbers and booleans as JSON types still work, and vLLM's null for Optional[int].
+    assert parse_sampling_parameters({"temperature": 0, "seed": None}).seed is None
+    assert parse_sampling_parameters({"ignore_eos": 0}).ignore_eos is False
+
+
+def test_the_request_parameters_path_converts_the_same_way() -> None:
+    """Without the ``sampling_parameters`` tensor the backend reads the request parameters,
+    which tritonclient sends as strings for string values."""
+    assert parse_sampling_parameters({"temperature": "0", "top_p": "1"}) == SamplingOptions(
+        temperature=0.0, top_p=1.0
+    )
+
+
+def _tritons_conversion_table() -> dict[str, type]:
+    """The fields ``TritonSamplingParams.from_dict`` converts, computed the way it does (its
+    ``type_mapping`` over ``SamplingParams.__annotations__``) from the installed vLLM."""
+    from typing import Optional
+
+    sampling = pytest.importorskip("vllm.sampling_params")
+    type_mapping: dict[object, type] = {
+        int: int,
+        float: float,
+        bool: bool,
+        str: str,
+        Optional[int]: int,  # noqa: UP045 -- the backend's own spelling of the key
+    }
+    return {
+        key: type_mapping[annotation]
+        for key, annotation in sampling.SamplingParams.__annotations__.items()
+        if annotation in type_mapping
+    }
+
+
+def test_the_conversion_table_is_vllms_own() -> None:
+    import vllm
+
+    assert vllm.__version__.startswith("0.24.0"), "the table is for the pinned vLLM 0.24.0"
+    assert _tritons_conversion_table() == TRITON_CONVERTED_FIELDS
+
+
+def test_optional_int_fields_are_vllms_own() -> None:
+    from typing import Optional
+
+    sampling = pytest.importorskip("vllm.sampling_params")
+    optional = {
+        key
+        for key, annotation in sampling.SamplingParams.__annotations__.items()
+        if annotation == Optional[int]  # noqa: UP045
+    }
+    assert optional == OPTIONAL_INT_FIELDS
+
+
+def test_every_converted_field_is_honoured_or_refused_by_name() -> None:
+    """No field Triton would convert is ever silently dropped: each either changes the options
+    or is refused naming the key (at a value other than vLLM's default)."""
+    sampling = pytest.importorskip("vllm.sampling_params")
+    defaults = sampling.SamplingParams()
+    for key, kind in TRITON_CONVERTED_FIELDS.items():
+        value = {int: "3", float: "0.5", str: "x"}.get(kind)
+        if kind is bool:
+            value = "false" if getattr(defaults, key) else "true"
+        try:
+            options = parse_sampling_parameters({key: value})
+        except InvalidRequestError as exc:
+            assert f"sampling_parameters.{key}" in str(exc)
+        else:
+            assert options != SamplingOptions(), key
+
+
+def test_converted_values_match_vllms_own_sampling_params() -> None:
+    """The converted options equal what vLLM's ``SamplingParams`` holds for the same payload
+    once Triton's conversion is applied (where that conversion is not a trap)."""
+    sampling = pytest.importorskip("vllm.sampling_params")
+    payload = {"temperature": "0.25", "top_p": "0.5", "top_k": "3", "max_tokens": "9"}
+    payload |= {"min_tokens": "2", "seed": "11", "n": "3", "logprobs": "2"}
+    converted = {k: TRITON_CONVERTED_FIELDS[k](v) for k, v in payload.items()}
+    theirs = sampling.SamplingParams(**converted)
+    ours = parse_sampling_parameters(payload)
+    for key in payload:
+        assert getattr(ours, key) == getattr(theirs, key), key
