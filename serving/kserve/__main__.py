@@ -68,14 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     explicit = options.model_control_mode == "explicit"
     to_load = options.models_to_load()
     try:
-        if to_load == []:  # explicit mode without --load-model: nothing loads until asked
-            if not options.model_repository.is_dir():
-                raise RepositoryError(
-                    f"model repository {options.model_repository} is not a directory"
-                )
-            entries = []
-        else:
-            entries = read_repository(options.model_repository, to_load)
+        # Explicit mode without --load-model: an empty list, nothing loads until asked.
+        entries = read_repository(options.model_repository, to_load)
     except RepositoryError as exc:
         logger.error("model repository refused, not serving: %s", exc)
         return 2

@@ -70,17 +70,21 @@ class Server:
             self.proc.wait()
 
 
-def start_server(repository: Path, log: Path, server_args: list[str]) -> Server:
+def start_server(
+    repository: Path, log: Path, server_args: list[str], *, metrics_port: int = 0
+) -> Server:
     """``tritonserver --model-repository=DIR <server_args>`` with the CPU engine as the
     executable, on free loopback ports; wait until it is ready.
 
     ``server_args`` are the test.sh's ``SERVER_ARGS`` as written. Only the ports and addresses
     are added: free ones on 127.0.0.1 (the tests are adapted to read them from the
-    environment), so the suite never collides with anything on Triton's default ports."""
+    environment), so the suite never collides with anything on Triton's default ports.
+    ``metrics_port`` fixes the metrics port (to check that nothing listens there)."""
     command = [sys.executable, "-m", "serving.kserve", f"--model-repository={repository}"]
     command += server_args
-    for kind in ("http", "grpc", "metrics"):
-        command += [f"--{kind}-address=127.0.0.1", f"--{kind}-port=0"]
+    ports = {"http": 0, "grpc": 0, "metrics": metrics_port}
+    for kind, port in ports.items():
+        command += [f"--{kind}-address=127.0.0.1", f"--{kind}-port={port}"]
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",

@@ -4,7 +4,6 @@ against its own server, with the repository and flags the script sets up for it.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -93,14 +92,21 @@ def test_vllm_metrics(
     )
     if edit_json is not None:
         edit_json(repository)
-    server = start_server(repository, tmp_path / "vllm_metrics_server.log", SERVER_ARGS + flags)
+    # The metrics port is named, so that with --allow-metrics=false the test can check that
+    # nothing listens on the very port the server was given.
+    metrics_port = _free_port()
+    server = start_server(
+        repository,
+        tmp_path / "vllm_metrics_server.log",
+        SERVER_ARGS + flags,
+        metrics_port=metrics_port,
+    )
     try:
         monkeypatch.chdir(tmp_path)
         monkeypatch.setenv("DEMO_MODEL_DIR", str(peer_demo_model))
         monkeypatch.setenv("TRITON_GRPC_URL", f"localhost:{server.grpc}")
-        # --allow-metrics=false: no metrics port (reported as 0); a port nobody listens on.
-        monkeypatch.setenv("TRITON_METRICS_PORT", str(server.metrics or _free_port()))
-        assert os.environ["TRITON_METRICS_PORT"] != "0"
+        assert server.metrics == (0 if "--allow-metrics=false" in flags else metrics_port)
+        monkeypatch.setenv("TRITON_METRICS_PORT", str(metrics_port))
         run_unittest_case("vllm_metrics_test", case)
     finally:
         server.stop()
