@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from serving.kserve.triton_metrics import merge_families
 from serving.package import archive_bytes
 from tests.python_backend.helpers import MODELS, PEERS
 from tests.serving.conftest import MODEL_NAME, write_repository
@@ -162,6 +163,11 @@ def test_infer_over_grpc_and_http(grpc_client, http_client) -> None:
         model_version="1",
     )
     assert only.as_numpy("OUTPUT0") is None and np.allclose(only.as_numpy("OUTPUT1"), a - b)
+    for algorithm in ("gzip", "deflate"):  # compressed request bodies, as the client sends them
+        packed = http_client.infer(
+            "add_sub", add_sub_inputs(httpclient, a, b), request_compression_algorithm=algorithm
+        )
+        assert np.allclose(packed.as_numpy("OUTPUT0"), a + b)
 
 
 def test_metadata_and_config_are_the_auto_completed_ones(grpc_client, http_client) -> None:
@@ -193,6 +199,36 @@ def test_wrong_shape_or_datatype_is_refused_naming_the_tensor(grpc_client, http_
         http_client.infer("add_sub", inputs)
     assert wrong_type.value.status() == "400"
     assert "'INPUT0'" in wrong_type.value.message() and "FP32" in wrong_type.value.message()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "message"),
+    [
+        (b"{not json", {}, "failed to parse the request JSON"),
+        (b'{"inputs": 3}', {}, "'inputs' array"),
+        (
+            b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], '
+            b'"parameters": {"binary_data_size": 16}}]}',
+            {"Inference-Header-Content-Length": "<the whole body>"},
+            "past the end",
+        ),
+        (
+            b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2]}]}',
+            {},
+            "'INPUT0'",
+        ),
+        (b"{}", {"Content-Encoding": "br"}, "Content-Encoding"),
+    ],
+)
+def test_malformed_http_infer_bodies_are_400_naming_the_field(
+    server, body: bytes, headers: dict[str, str], message: str
+) -> None:
+    url = f"http://{server.http_url}/v2/models/add_sub/infer"
+    if "Inference-Header-Content-Length" in headers:  # JSON only: the binary data is missing
+        headers = {**headers, "Inference-Header-Content-Length": str(len(body))}
+    response = httpx.post(url, content=body, headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert message in response.json()["error"]
 
 
 def test_a_decoupled_model_streams_and_refuses_unary_calls(grpc_client, http_client) -> None:
@@ -411,3 +447,12 @@ def test_a_python_backend_package_runs_on_a_cpu_instance(tmp_path) -> None:
     finally:
         if instance.proc.poll() is None:
             instance.stop()
+
+
+def test_families_two_models_share_are_merged_once() -> None:
+    first = '# HELP shared a\n# TYPE shared counter\nshared{model="a"} 1.0\n'
+    second = '# HELP shared b\n# TYPE shared counter\nshared{model="b"} 2.0\n'
+    merged = merge_families([first, second, ""])
+    assert merged.count("# TYPE shared") == 1 and merged.count("# HELP shared") == 1
+    (family,) = text_string_to_metric_families(merged)
+    assert sorted(s.value for s in family.samples) == [1.0, 2.0]
