@@ -112,5 +112,7 @@ def test_a_model_named_for_loading_that_the_repository_lacks_stops_the_start(
 def test_each_engine_serves_only_the_backends_it_has():
     manifest = {"model": "m", "backend": "python", "api_surface": "grpc"}
     assert check_manifest(dict(manifest), "tritonserver")["backend"] == "python"
-    with pytest.raises(ManifestError, match="the cpu engine serves only vllm-backend packages"):
-        check_manifest(dict(manifest), "cpu")
+    assert check_manifest(dict(manifest), "cpu")["backend"] == "python"  # issue 18 item 2
+    other = {**manifest, "backend": "onnxruntime"}
+    with pytest.raises(ManifestError, match="the cpu engine serves only vllm and python-backend"):
+        check_manifest(other, "cpu")
