@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
+from serving.kserve.grpc_codec import NUMPY_TYPES
 from serving.kserve.grpc_server import (
     EXTENSIONS,
     SERVER_NAME,
@@ -96,7 +97,7 @@ def _json_tensor(model: ServedModel, name: str, value: Any) -> Tensor:
     else:
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             raise invalid(f"input '{name}' expects a number")
-        data = np.array(values)
+        data = np.array(values, dtype=NUMPY_TYPES[spec.datatype])  # the model's own type
     shape = tuple(len(values) if d == -1 else d for d in spec.dims)
     if int(np.prod(shape)) != len(values):
         raise invalid(

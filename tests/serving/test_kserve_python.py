@@ -170,6 +170,17 @@ def test_infer_over_grpc_and_http(grpc_client, http_client) -> None:
         assert np.allclose(packed.as_numpy("OUTPUT0"), a + b)
 
 
+def test_the_generate_extension_serves_python_models(server) -> None:
+    """Triton's ``/generate``: inputs by name from the JSON body, outputs by name back."""
+    body = {"INPUT0": [1.5, 2, 3, 4], "INPUT1": [1, 1, 1, 1], "id": "g"}
+    url = f"http://{server.http_url}/v2/models/add_sub/generate"
+    answer = httpx.post(url, json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["OUTPUT0"] == [2.5, 3, 4, 5] and answer.json()["id"] == "g"
+    wrong = httpx.post(url, json={**body, "INPUT0": [1, 2]}, timeout=30)
+    assert wrong.status_code == 400 and "'INPUT0'" in wrong.json()["error"]
+
+
 def test_metadata_and_config_are_the_auto_completed_ones(grpc_client, http_client) -> None:
     meta = http_client.get_model_metadata("add_sub")
     assert meta["platform"] == "python" and meta["versions"] == ["1"]
