@@ -44,6 +44,24 @@ MAX_COHORTS = 4
 _DONE = object()
 
 
+class _Parent:
+    """The ``n`` completions of one request: which finished, and the most tokens one of them
+    generated (vLLM records ``n`` and that maximum once per request, when its last completion
+    finishes)."""
+
+    def __init__(self, n: int) -> None:
+        self.unfinished = n
+        self.max_generation_tokens = 0
+        self._lock = threading.Lock()
+
+    def finished(self, generation_tokens: int) -> tuple[bool, int]:
+        """One completion finished: (was it the last one, the maximum so far)."""
+        with self._lock:
+            self.unfinished -= 1
+            self.max_generation_tokens = max(self.max_generation_tokens, generation_tokens)
+            return self.unfinished == 0, self.max_generation_tokens
+
+
 @dataclass(eq=False)
 class _Sequence:
     """One request's decode state, owned by the scheduler thread once admitted."""
@@ -64,7 +82,8 @@ class _Sequence:
     stop_reason: str | int | None = None
     aborted: bool = False
     index: int = 0  # which of the parent request's n completions
-    n: int = 1  # the parent request's n (each completion reports it when it finishes)
+    n: int = 1  # the parent request's n
+    parent: _Parent | None = None
 
 
 class _Cohort:
@@ -214,9 +233,10 @@ class Engine:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         n = request.options.n
         sequences: list[_Sequence] = []
+        parent = _Parent(n)
         for index in range(n):
             sequence = await asyncio.to_thread(self._admit, _child(request, index), arrived)
-            sequence.index, sequence.n = index, n
+            sequence.index, sequence.n, sequence.parent = index, n, parent
             sequences.append(sequence)
 
         def emit(item: Any) -> None:
@@ -516,6 +536,10 @@ class Engine:
         scheduled = seq.scheduled or now
         first = seq.first_token or now
         last = seq.last_token or now
+        generated = len(seq.output_ids)
+        last_of_parent, most = (
+            seq.parent.finished(generated) if seq.parent is not None else (True, generated)
+        )
         self.stats.on_finished(
             FinishedRequest(
                 finish_reason=reason,
@@ -528,6 +552,8 @@ class Engine:
                 decode_time=last - first,
                 inference_time=last - scheduled,
                 e2e_latency=now - seq.arrived,
+                last_of_parent=last_of_parent,
+                max_generation_tokens=most,
             )
         )
         with self._cond:

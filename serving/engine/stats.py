@@ -26,6 +26,10 @@ class FinishedRequest:
     decode_time: float  # first token → last token
     inference_time: float  # first scheduled → last token
     e2e_latency: float  # arrival → finished
+    # With n > 1 each completion finishes as a request of its own (as vLLM's child requests
+    # do); what belongs to the parent request is reported once, with its last completion.
+    last_of_parent: bool = True
+    max_generation_tokens: int = 0  # over the parent's completions, set with the last one
 
 
 class EngineStats(Protocol):

@@ -175,7 +175,8 @@ class TritonVllmMetrics:
             self._histograms[E2E].observe(request.e2e_latency)
             self._histograms[REQUEST_PROMPT_TOKENS].observe(request.prompt_tokens)
             self._histograms[REQUEST_GENERATION_TOKENS].observe(request.generation_tokens)
-            self._histograms[PARAMS_N].observe(request.n)
+            if request.last_of_parent:  # once per request, as the backend's stat logger does
+                self._histograms[PARAMS_N].observe(request.n)
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ histograms (``time_to_first_token``, ``inter_token_latency``,
 ``request_time_per_output_token``, ``e2e_request_latency``, ``request_queue_time``,
 ``request_prefill_time``, ``request_decode_time``, ``request_inference_time``), the per-request
 count histograms (``request_prompt_tokens``, ``request_generation_tokens``,
-``request_params_n``, ``request_params_max_tokens``) and ``vllm:iteration_tokens_total``.
+``request_params_max_tokens``, ``request_params_n`` and ``request_max_num_generation_tokens``,
+the last two once per request when ``n`` > 1, as vLLM records them when its last completion
+finishes) and ``vllm:iteration_tokens_total``.
 
 Not produced, because nothing in the CPU engine could feed them truthfully:
 ``num_requests_waiting_by_reason`` (no deferred/skipped queue), ``engine_sleep_state`` (no
@@ -24,8 +26,7 @@ sleep mode), ``corrupted_requests`` (only with ``VLLM_COMPUTE_NANS_IN_LOGITS``),
 ``external_prefix_cache_*`` and the KV-connector families (no KV connector), ``mm_cache_*``
 (no multi-modal input), ``prompt_tokens_by_source`` / ``prompt_tokens_cached`` /
 ``request_prefill_kv_computed_tokens`` (no cache to split prompt tokens by),
-``request_max_num_generation_tokens`` (``n`` is always 1, so it equals ``request_params_max_tokens``
-and would only duplicate it), ``kv_block_*`` (no KV blocks), ``lora_requests_info`` (no LoRA),
+``kv_block_*`` (no KV blocks), ``lora_requests_info`` (no LoRA),
 ``cache_config_info`` (no vLLM ``CacheConfig``), and the speculative-decoding and
 performance families (neither exists here).
 """
@@ -160,6 +161,11 @@ class VllmMetrics:
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
+        self.max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            token_buckets,
+        )
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -239,6 +245,8 @@ class VllmMetrics:
         # As vLLM: the prefill's token is not a decode step.
         decoded = request.generation_tokens - 1
         self.time_per_output_token.observe(request.decode_time / decoded if decoded > 0 else 0.0)
-        self.params_n.observe(request.n)
+        if request.last_of_parent:
+            self.params_n.observe(request.n)
+            self.max_num_generation_tokens.observe(request.max_generation_tokens)
         if request.max_tokens:
             self.params_max_tokens.observe(request.max_tokens)

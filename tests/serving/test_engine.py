@@ -93,6 +93,19 @@ def test_concurrent_requests_share_batches(engine: Engine, stats: RecordingStats
     assert max(running for running, _, _ in stats.steps) > 1, "requests were decoded one by one"
 
 
+def test_n_completions_finish_as_requests_and_report_the_parent_once(
+    engine: Engine, stats: RecordingStats
+) -> None:
+    before = len(stats.finished)
+    deltas = run(collect(engine, rid="par", n=3, max_tokens=6, temperature=0.9, seed=1))
+    finished = stats.finished[before:]
+    assert sorted({d.index for d in deltas}) == [0, 1, 2]
+    assert len(finished) == 3  # each completion is a request of its own, as in vLLM
+    assert [f.last_of_parent for f in finished] == [False, False, True]
+    assert {f.n for f in finished} == {3}
+    assert finished[-1].max_generation_tokens == max(f.generation_tokens for f in finished)
+
+
 def test_stop_strings_end_the_output_before_the_stop(engine: Engine) -> None:
     reference = text_of(run(collect(engine, max_tokens=30, temperature=0, ignore_eos=True)))
     stop = reference[5:7]

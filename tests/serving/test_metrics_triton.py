@@ -136,6 +136,21 @@ def test_observations_land_in_upper_inclusive_cumulative_buckets() -> None:
     assert sample(tokens, f"{tokens}_sum") == 7
 
 
+def test_n_is_observed_once_per_request_with_its_last_completion() -> None:
+    metrics = TritonVllmMetrics("m", "1", 100)
+    for last in (False, False, True):  # three completions of one n=3 request
+        metrics.on_finished(
+            FinishedRequest("length", 7, 3, 3, 3, 0.0, 0.0, 0.0, 0.0, 0.5, last_of_parent=last)
+        )
+    families = parse(triton_vllm.render([metrics]))
+    samples = {
+        s.name: s.value for s in families["vllm:request_params_n"].samples if not s.labels.get("le")
+    }
+    assert samples["vllm:request_params_n_count"] == 1 and samples["vllm:request_params_n_sum"] == 3
+    e2e = {s.name: s.value for s in families["vllm:e2e_request_latency_seconds"].samples}
+    assert e2e["vllm:e2e_request_latency_seconds_count"] == 3  # each completion is a request
+
+
 def test_no_models_reporting_renders_nothing() -> None:
     assert triton_vllm.render([]) == ""
 

@@ -37,6 +37,7 @@ EXPECTED = {
     "vllm:request_generation_tokens": "histogram",
     "vllm:request_params_n": "histogram",
     "vllm:request_params_max_tokens": "histogram",
+    "vllm:request_max_num_generation_tokens": "histogram",
     "vllm:iteration_tokens_total": "histogram",
 }
 
