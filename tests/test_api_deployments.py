@@ -112,6 +112,11 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
         "traffic": {},
         "status_message": "",
         "endpoint": "http://127.0.0.1:8080/models/search/ranker/v1",
+        "call": {
+            "openai": "http://127.0.0.1:8080/models/search/ranker/v1",
+            "kserve_http": "http://127.0.0.1:8080/models/search/ranker",
+            "kserve_grpc": [],
+        },
         "instances": [],
         "last_reconciled_at": None,
     }
@@ -121,6 +126,30 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
 
     assert [d["id"] for d in ok(client.get(DEPLOYMENTS))["results"]] == [deployment.pk]
     assert ok(client.get(f"{DEPLOYMENTS}{deployment.pk}/")) == created
+
+
+def test_a_kserve_only_deployment_says_where_to_call_it(
+    client, model, release, artifact_root, cpu_instance_type
+):
+    version = make_python_version(model, artifact_root, TAGGER_IO)
+    created = ok(client.post(DEPLOYMENTS, deploy_body(model, version), format="json"), 201)
+    deployment = Deployment.objects.get(pk=created["id"])
+    for name, state, address in (
+        ("a", "ready", "10.0.0.1:8001"),
+        ("b", "starting", "10.0.0.2:8001"),
+    ):
+        Instance.objects.create(
+            deployment=deployment,
+            version=version,
+            name=name,
+            state=state,
+            endpoints={"kserve_grpc": address},
+        )
+    assert ok(client.get(f"{DEPLOYMENTS}{deployment.pk}/"))["call"] == {
+        "openai": None,
+        "kserve_http": "http://127.0.0.1:8080/models/search/ranker",
+        "kserve_grpc": ["10.0.0.1:8001"],  # only ready instances take calls
+    }
 
 
 def test_create_defaults(client, model, v1, cpu_instance_type):

@@ -160,6 +160,12 @@ class InstanceBriefOut(serializers.ModelSerializer):
         fields = ["name", "version", "state", "health_message", "last_health_at"]
 
 
+class CallEndpointsOut(serializers.Serializer):
+    openai = serializers.CharField(allow_null=True)
+    kserve_http = serializers.CharField()
+    kserve_grpc = serializers.ListField(child=serializers.CharField())
+
+
 class DeploymentOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     target_version = serializers.IntegerField(source="target_version.number", read_only=True)
@@ -172,7 +178,14 @@ class DeploymentOut(serializers.ModelSerializer):
     )
 
     endpoint = serializers.SerializerMethodField(
-        help_text="OpenAI base URL of the deployment's stable endpoint."
+        help_text="OpenAI base URL of the deployment's stable endpoint (a KServe-only version has "
+        "no OpenAI routes: see ``call``)."
+    )
+    call = serializers.SerializerMethodField(
+        help_text="Where callers reach it: ``openai`` (null when the version serves KServe v2 "
+        "only), ``kserve_http`` (the KServe v2 HTTP base through the gateway) and "
+        "``kserve_grpc`` (the ready instances' own gRPC addresses; the gateway does not proxy "
+        "gRPC)."
     )
     stage_percent = serializers.SerializerMethodField(
         help_text="Traffic percent on the target version the current stage asks for."
@@ -186,7 +199,7 @@ class DeploymentOut(serializers.ModelSerializer):
             "previous_version", "replicas", "instance_type", "stages", "bake_seconds",
             "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
-            "stage_percent", "traffic", "status_message", "endpoint", "instances",
+            "stage_percent", "traffic", "status_message", "endpoint", "call", "instances",
             "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
 
@@ -194,6 +207,12 @@ class DeploymentOut(serializers.ModelSerializer):
         from portal.deployments.routing import endpoint_url
 
         return endpoint_url(deployment)
+
+    @extend_schema_field(CallEndpointsOut)
+    def get_call(self, deployment: Deployment) -> dict[str, Any]:
+        from portal.deployments.routing import call_endpoints
+
+        return call_endpoints(deployment).as_dict()
 
     def get_stage_percent(self, deployment: Deployment) -> int | None:
         stage = deployment.current_stage

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -42,6 +44,43 @@ def endpoint_url(deployment: Deployment) -> str:
     """The OpenAI base URL callers use (the local gateway's; a cluster's gateway maps the same
     paths)."""
     return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}/v1"
+
+
+def kserve_url(deployment: Deployment) -> str:
+    """The KServe v2 HTTP base URL through the gateway: the gateway passes ``<base>/v2/...`` to
+    the instances' KServe HTTP servers, whatever the model's backend (tritonclient.http takes it
+    without the scheme as its ``url``)."""
+    return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}"
+
+
+def serves_openai(deployment: Deployment) -> bool:
+    """Whether the serving version answers OpenAI routes: only the ``openai+grpc`` surface
+    does; a ``grpc`` version (every Python-backend one) serves KServe v2 alone."""
+    return deployment.target_version.api_surface == "openai+grpc"
+
+
+@dataclass(frozen=True)
+class CallEndpoints:
+    """Where callers reach a deployment. ``openai`` is None for a KServe-only version. gRPC is
+    not proxied by the gateway, so ``kserve_grpc`` lists the ready instances' own addresses
+    (they change as instances are replaced: fine for trying a model, not for callers that must
+    ride through a rollout; those use ``kserve_http``)."""
+
+    openai: str | None
+    kserve_http: str
+    kserve_grpc: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def call_endpoints(deployment: Deployment) -> CallEndpoints:
+    ready = deployment.instances.filter(state=InstanceState.READY).order_by("id")
+    return CallEndpoints(
+        openai=endpoint_url(deployment) if serves_openai(deployment) else None,
+        kserve_http=kserve_url(deployment),
+        kserve_grpc=[i.endpoints["kserve_grpc"] for i in ready if "kserve_grpc" in i.endpoints],
+    )
 
 
 def routes() -> list[Route]:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from portal.deployments import services
 from portal.deployments.signals import scrape_counts
+from portal.web.snippets import call_context
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import explain, live_instances, wait_for
 
@@ -99,7 +99,7 @@ class KServeLoad:
             time.sleep(0.01)
 
 
-def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_world):
+def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_world, settings):
     world = rollout_world
     model = world.model("scaler")
     assert f"{model.team.slug}--{model.slug}" == SERVED_NAME
@@ -120,7 +120,7 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
             done,
             timeout,
             f"v{version} serving",
-            explain=lambda: explain(deployment, settings.INSTANCE_RUN_ROOT),
+            explain=lambda: explain(deployment, world.run_root),
         )
 
     serving(1)
@@ -141,8 +141,16 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
     wrong.set_data_from_numpy(np.array([1], dtype=np.int32))
     with pytest.raises(Exception, match="X"):
         http.infer(SERVED_NAME, [wrong])
+    # The programs the deployment page shows run as shown, over HTTP and gRPC.
+    settings.GATEWAY_URL = world.gateway_url
+    context = call_context(deployment)
+    assert context["kserve"].kserve_grpc == [instance.endpoints["kserve_grpc"]]
+    for snippet in (context["snippet_http"], context["snippet_grpc"]):
+        namespace: dict = {}
+        exec(compile(snippet, "snippet", "exec"), namespace)
+        assert namespace["result"].as_numpy("Y").tolist() == [1.0]
     counts = scrape_counts(instance.endpoints["metrics"])
-    assert counts is not None and counts.success >= 2 and counts.failure >= 1, counts
+    assert counts is not None and counts.success >= 4 and counts.failure >= 1, counts
 
     # An I/O change is refused for Red-Black and advised to Versioned.
     changed = python_version(

@@ -15,7 +15,13 @@ from django.urls import reverse
 
 from portal.accounts.models import ApiToken
 from portal.accounts.tokens import issue_token
-from portal.deployments.models import Deployment, DeploymentEvent, ObservedState
+from portal.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    Instance,
+    InstanceState,
+    ObservedState,
+)
 from portal.metrics.services import scrape_live_instances
 from portal.registry.models import ModelVersion
 from tests.factories import (
@@ -317,6 +323,31 @@ def test_the_deployment_page_shows_how_to_call_it(member, team, deployment):
     html = page.content.decode()
     assert "/models/search/ranker/v1" in html and "search--ranker" in html
     assert "OpenAI(base_url=" in html
+
+
+def test_a_kserve_only_deployment_shows_its_kserve_endpoints_and_tritonclient_snippets(
+    member, team, model, release, artifact_root, cpu_instance_type
+):
+    version = make_python_version(model, artifact_root, {**TAGGER_IO, "max_batch_size": 8})
+    deployment = make_deployment(model, version, cpu_instance_type)
+    Instance.objects.create(
+        deployment=deployment,
+        version=version,
+        name="search-ranker-v1-a",
+        endpoints={"kserve_grpc": "127.0.0.1:45001"},
+        state=InstanceState.READY,
+    )
+    html = html_lib.unescape(page_html(member, "web:deployment_detail", team.slug, deployment.pk))
+    assert "OpenAI(base_url=" not in html and "/chat/completions" not in html
+    assert "http://127.0.0.1:8080/models/search/ranker</code>" in html
+    assert "<code>127.0.0.1:45001</code>" in html
+    # The programs are written from the version's I/O spec: its names, wire types and a batch
+    # dimension, since the model batches.
+    assert "InferenceServerClient('127.0.0.1:8080/models/search/ranker')" in html
+    assert "InferenceServerClient('127.0.0.1:45001')" in html
+    assert "InferInput('TEXT', [1, 1], 'BYTES')" in html
+    assert "print('TAGS', result.as_numpy('TAGS'))" in html
+    assert "client.infer('search--ranker', inputs)" in html
 
 
 def test_the_live_fragment_answers_204_until_something_changes(member, team, deployment):

@@ -27,6 +27,7 @@ from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
 from portal.web import charts, summaries
 from portal.web.forms import DeployForm, show_service_errors
+from portal.web.snippets import call_context
 from portal.web.teams import TeamContext, team_context
 from portal.web.views.registry import get_model, require_write
 
@@ -149,6 +150,7 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             "model": deployment.model,
             "endpoint": endpoint_url(deployment),
             "served_model_name": triton_model_name(deployment.target_version),
+            **call_context(deployment),
             **_live_context(deployment, None, None),
         },
     )
