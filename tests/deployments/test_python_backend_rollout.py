@@ -9,15 +9,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from portal.deployments import services
 from portal.deployments.signals import scrape_counts
+from portal.metrics import services as metrics
+from portal.metrics.services import scrape_live_instances
 from portal.web.snippets import call_context
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import explain, live_instances, wait_for
@@ -151,6 +155,13 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
         assert namespace["result"].as_numpy("Y").tolist() == [1.0]
     counts = scrape_counts(instance.endpoints["metrics"])
     assert counts is not None and counts.success >= 4 and counts.failure >= 1, counts
+    # The charts read the same families: requests and errors per second (no token or latency
+    # families: those are the vLLM backend's).
+    since = timezone.now() - timedelta(minutes=5)
+    assert scrape_live_instances().up == 1
+    [point] = metrics.series([deployment], since)
+    assert point["requests_per_s"] > 0 and point["errors_per_s"] > 0, point
+    assert point["generation_tokens_per_s"] in (None, 0), point
 
     # An I/O change is refused for Red-Black and advised to Versioned.
     changed = python_version(
