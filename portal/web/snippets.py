@@ -29,7 +29,9 @@ _NUMPY_DTYPES = {
     "TYPE_FP16": "np.float16",
     "TYPE_FP32": "np.float32",
     "TYPE_FP64": "np.float64",
-    "TYPE_BF16": "np.float32",  # tritonclient sends BF16 from float32 arrays
+    # tritonclient (r26.06 on) takes BF16 only as ml_dtypes.bfloat16 arrays; ml_dtypes is one
+    # of its own dependencies.
+    "TYPE_BF16": "ml_dtypes.bfloat16",
     "TYPE_STRING": "object",
 }
 
@@ -68,7 +70,9 @@ def tritonclient_snippet(
     if not grpc:
         ssl = url.startswith("https://")
         address = url.removeprefix("https://").removeprefix("http://")
+    bf16 = any(t["data_type"] == "TYPE_BF16" for t in io_spec["inputs"])
     lines = [
+        *(["import ml_dtypes"] if bf16 else []),
         "import numpy as np",
         f"import {module} as {alias}",
         "",
