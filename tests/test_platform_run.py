@@ -79,7 +79,13 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
     assert "Stopped 2 local instance(s)." in output  # nothing outlives ./dev demo
     if Path("/usr/bin/chromium").exists():
         shots = sorted(p.name for p in (tmp_path / "var" / "demo-screenshots").glob("*.png"))
-        assert shots == ["dashboard.png", "deployment.png", "model.png", "version.png"]
+        assert shots == [
+            "dashboard.png",
+            "deployment.png",
+            "embedding-deployment.png",
+            "model.png",
+            "version.png",
+        ]
 
 
 def wait_for_deployment(port: int, token: str, proc, log: Path, timeout: float) -> dict:

@@ -62,12 +62,13 @@ class Command(BaseCommand):
         model = triton_model_name(deployment.target_version)
         self.stdout.write(f"==> the demo deployment serves at {base_url} (model {model})")
         self._call(base_url, model)
+        embed = None
         if Model.objects.filter(team__slug=team, slug="embed").exists():
             embed = self._wait_until_serving(team, "embed", timeout)
             url, name = kserve_url(embed), triton_model_name(embed.target_version)
             self.stdout.write(f"==> the embedding demo serves at {url} (KServe v2, model {name})")
             self._call_embedding(url, name)
-        self._screenshots(portal_url, deployment, options["user"], options["password"])
+        self._screenshots(portal_url, deployment, embed, options["user"], options["password"])
         self.stdout.write(self.style.SUCCESS("Demo check passed."))
         self.stdout.flush()
         if not options["exit"]:
@@ -143,7 +144,14 @@ class Command(BaseCommand):
             f"{similarity[0, 1]:.2f}, cat~revenue {similarity[0, 2]:.2f}"
         )
 
-    def _screenshots(self, portal_url: str, deployment: Deployment, user: str, password: str):
+    def _screenshots(
+        self,
+        portal_url: str,
+        deployment: Deployment,
+        embed: Deployment | None,
+        user: str,
+        password: str,
+    ):
         try:
             from playwright.sync_api import sync_playwright
         except ImportError:
@@ -163,6 +171,8 @@ class Command(BaseCommand):
             "version": f"/t/{team}/models/{model}/v{deployment.target_version.number}/",
             "deployment": f"/t/{team}/deployments/{deployment.pk}/",
         }
+        if embed is not None:  # the Python-backend path: KServe v2 endpoints, tritonclient
+            pages["embedding-deployment"] = f"/t/{team}/deployments/{embed.pk}/"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
                 executable_path=str(CHROMIUM),
