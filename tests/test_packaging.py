@@ -127,6 +127,8 @@ def test_python_package(team, release, artifact_root):
     ]
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
     assert files[f"search--scorer/{version.number}/model.py"].decode() == MODEL_PY
+    # model.py finds the version's artifact in the model cache through a config parameter.
+    assert config.parameters["WEIGHTS_DIR"].string_value == str(weights_dir(version))
 
 
 def test_python_model_taken_from_the_artifact(team, release, artifact_root):

@@ -66,10 +66,20 @@ def packages_dir() -> Path:
 # --- config.pbtxt ---------------------------------------------------------------------------
 
 
-def python_config(name: str, number: int, io_spec: dict[str, Any], gpus: bool) -> mc.ModelConfig:
+#: The ``config.pbtxt`` parameter that tells a Python-backend ``model.py`` where the version's
+#: materialized artifact (weights, tokenizer, any files) lies in the model cache, as
+#: ``model.json``'s ``model`` does for vLLM. ``model.py`` reads it from ``args["model_config"]``.
+WEIGHTS_DIR_PARAMETER = "WEIGHTS_DIR"
+
+
+def python_config(
+    name: str, number: int, io_spec: dict[str, Any], gpus: bool, weights: str = ""
+) -> mc.ModelConfig:
     config = mc.ModelConfig(
         name=name, backend="python", max_batch_size=io_spec.get("max_batch_size", 0)
     )
+    if weights:
+        config.parameters[WEIGHTS_DIR_PARAMETER].string_value = weights
     for side, tensors in (("input", io_spec["inputs"]), ("output", io_spec["outputs"])):
         for spec in tensors:
             tensor = getattr(config, side).add()
@@ -101,7 +111,7 @@ def repository_files(version: ModelVersion, *, gpus: bool = True) -> dict[str, b
         validate_python_model(source)
     except ValidationError as exc:
         raise PackagingError(_validation_message(exc)) from exc
-    config = python_config(name, number, version.io_spec, gpus)
+    config = python_config(name, number, version.io_spec, gpus, weights)
     return {
         f"{name}/config.pbtxt": render_config(config).encode(),
         f"{name}/{number}/model.py": source.encode(),

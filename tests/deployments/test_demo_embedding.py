@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from portal.registry.packaging import python_config
-from serving.demo_embedding import DIMENSIONS, IO_SPEC, model_py
+from serving.demo_embedding import DIMENSIONS, IO_SPEC, export_weights, model_py
 from serving.package import MANIFEST_FORMAT, archive_bytes, file_entries, render_config
 from tests.conftest import die_with_pytest, stop_process_group
 
@@ -30,7 +30,9 @@ READY = re.compile(r"INSTANCE READY openai=(\d+) http=(\d+) grpc=(\d+) metrics=(
 def instance(tmp_path_factory):
     """One CPU instance serving the embedding demo for the whole module."""
     root = tmp_path_factory.mktemp("embed")
-    config = python_config(NAME, 1, IO_SPEC, gpus=False)
+    # The artifact as ./dev demo registers it; model.py finds it through WEIGHTS_DIR.
+    weights = export_weights(root / "weights")
+    config = python_config(NAME, 1, IO_SPEC, gpus=False, weights=str(weights))
     files = {
         f"{NAME}/config.pbtxt": render_config(config).encode(),
         f"{NAME}/1/model.py": model_py().encode(),
@@ -43,7 +45,7 @@ def instance(tmp_path_factory):
         "api_surface": "grpc",
         "triton_embedded": False,
         "constraint_plugins": [],
-        "weights": str(root),
+        "weights": str(weights),
         "files": file_entries(files),
     }
     package = root / "embed.tar"
