@@ -24,7 +24,6 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -155,7 +154,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if model.decoupled:  # every vLLM-backend model, and decoupled Python ones
                 raise TritonError(Code.UNSUPPORTED, DECOUPLED_MESSAGE)
             tensors = decode_inputs(request)
-            responses = self.service.infer(
+            last = await self.service.infer_unary(
                 model,
                 tensors,
                 parameters_of(request.parameters),
@@ -163,15 +162,6 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 [o.name for o in request.outputs],
                 input_ns=time.monotonic_ns() - started,
             )
-            last = None
-            async with aclosing(responses) as iterator:
-                async for response in iterator:
-                    if response.error is not None:
-                        raise response.error
-                    if response.outputs or last is None:
-                        last = response
-            if last is None:
-                raise TritonError(Code.INTERNAL, f"model '{model.name}' sent no response")
         except TritonError as exc:
             await context.abort(exc.grpc_status, exc.message)
             raise AssertionError("unreachable") from None  # context.abort raises

@@ -215,7 +215,7 @@ def build_app(service: InferenceService) -> Starlette:
                 raise TritonError(Code.UNSUPPORTED, HTTP_DECOUPLED_MESSAGE)
             body = decompress(await request.body(), request.headers.get("content-encoding"))
             call = parse_infer(body, request.headers.get(HEADER_LENGTH))
-            responses = service.infer(
+            last = await service.infer_unary(
                 model,
                 call.tensors,
                 call.parameters,
@@ -223,15 +223,6 @@ def build_app(service: InferenceService) -> Starlette:
                 call.requested,
                 input_ns=time.monotonic_ns() - started,
             )
-            last = None
-            async with aclosing(responses) as iterator:
-                async for response in iterator:
-                    if response.error is not None:
-                        raise response.error
-                    if response.outputs or last is None:
-                        last = response
-            if last is None:
-                raise TritonError(Code.INTERNAL, f"model '{model.name}' sent no response")
         except TritonError as exc:
             return _error(exc)
         content, header_length = infer_response(call, model.name, model.version, last.outputs)

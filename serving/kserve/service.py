@@ -298,25 +298,16 @@ class InferenceService:
                 ) from exc
             self._states[name] = (entry.version, "LOADING", "")
             logger.info("loading model %s version %s", name, entry.version)
-            if entry.backend == PYTHON_BACKEND:
-                try:
-                    await self.add_python(entry)
-                except ModelLoadFailed as exc:
-                    reason = str(exc)
-                    self._states[name] = (entry.version, "UNAVAILABLE", reason)
-                    logger.error("failed to load '%s' version %s: %s", name, entry.version, reason)
-                    raise TritonError(
-                        Code.INTERNAL,
-                        f"failed to load '{name}', failed to load '{name}' version "
-                        f"{entry.version}: {reason}",
-                    ) from None
-                self._states[name] = (entry.version, "READY", "")
-                logger.info("successfully loaded '%s' version %s", name, entry.version)
-                return
             try:
-                engine = await asyncio.to_thread(control.load, entry)
+                if entry.backend == PYTHON_BACKEND:
+                    await self.add_python(entry)
+                else:
+                    engine = await asyncio.to_thread(control.load, entry)
+                    self._add(engine, entry.config)
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                # A Python model's failure already says what failed; an engine's is an exception.
+                failed = isinstance(exc, ModelLoadFailed)
+                reason = str(exc) if failed else f"{type(exc).__name__}: {exc}"
                 self._states[name] = (entry.version, "UNAVAILABLE", reason)
                 logger.error("failed to load '%s' version %s: %s", name, entry.version, reason)
                 raise TritonError(
@@ -324,7 +315,6 @@ class InferenceService:
                     f"failed to load '{name}', failed to load '{name}' version "
                     f"{entry.version}: {reason}",
                 ) from None
-            self._add(engine, entry.config)
             self._states[name] = (entry.version, "READY", "")
             logger.info("successfully loaded '%s' version %s", name, entry.version)
 
@@ -464,6 +454,29 @@ class InferenceService:
                     f"{tag}unexpected shape for input '{tensor.name}' for model "
                     f"'{model.name}'. Expected {list(spec.dims)}, got {list(tensor.shape)}. "
                 )
+
+    async def infer_unary(
+        self,
+        model: ServedModel,
+        tensors: dict[str, Tensor],
+        parameters: dict[str, Any],
+        request_id: str = "",
+        requested_outputs: list[str] | None = None,
+        input_ns: int = 0,
+    ) -> Response:
+        """The one answer of a non-decoupled model (gRPC ``ModelInfer``, HTTP ``/infer``): the
+        last response that carries outputs, or the only one. Raises :class:`TritonError`."""
+        responses = self.infer(model, tensors, parameters, request_id, requested_outputs, input_ns)
+        last = None
+        async with aclosing(responses) as iterator:
+            async for response in iterator:
+                if response.error is not None:
+                    raise response.error
+                if response.outputs or last is None:
+                    last = response
+        if last is None:
+            raise TritonError(Code.INTERNAL, f"model '{model.name}' sent no response")
+        return last
 
     async def infer(
         self,
