@@ -47,7 +47,9 @@ _CONTENTS = {
 }
 
 
-def _decode_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+def decode_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+    """A tensor's raw bytes (gRPC raw contents, HTTP binary data) as numpy, read-only for
+    fixed-size types; a size that does not match ``count`` elements is INVALID_ARG."""
     if datatype == "BYTES":
         try:
             data = deserialize_bytes_tensor(raw)
@@ -82,7 +84,7 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
             raise invalid(f"input '{name}' has a negative dimension in shape {list(shape)}")
         count = math.prod(shape)
         if raw:
-            data = _decode_raw(name, datatype, raw[i], count)
+            data = decode_raw(name, datatype, raw[i], count)
         else:
             field = _CONTENTS.get(datatype)
             if field is None:

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+from tritonclient.utils import serialize_byte_tensor
 
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import invalid
-from serving.kserve.grpc_codec import NUMPY_TYPES
+from serving.kserve.grpc_codec import NUMPY_TYPES, decode_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -92,24 +92,15 @@ def _json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarray:
 
 
 def _binary_data(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
-    if datatype == "BYTES":
-        try:
-            data = deserialize_bytes_tensor(raw)
-        except Exception:  # struct.error and friends: a malformed length prefix
-            raise invalid(f"input '{name}': malformed BYTES tensor data") from None
-        if data.size != count:
-            raise invalid(
-                f"unexpected number of string elements {data.size} for input '{name}', "
-                f"expecting {count}"
-            )
-        return data
-    dtype = np.dtype(NUMPY_TYPES[datatype])
-    if len(raw) != count * dtype.itemsize:
+    data = decode_raw(name, datatype, raw, count)
+    if datatype != "BYTES":
+        return data.copy()  # a writable array of its own, not a view of the request body
+    if data.size != count:
         raise invalid(
-            f"unexpected total byte size {len(raw)} for input '{name}', expecting "
-            f"{count * dtype.itemsize}"
+            f"unexpected number of string elements {data.size} for input '{name}', "
+            f"expecting {count}"
         )
-    return np.frombuffer(raw, dtype=dtype).copy()
+    return data
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
