@@ -113,6 +113,17 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default: web, worker and beat write one file. A transaction takes the write
+    # lock when it begins and waits up to 20 s for it; SQLite's default (a deferred
+    # transaction upgrading its read lock) fails at once with "database is locked" when two
+    # tasks write together, e.g. two versions packaged at the same time. WAL lets readers go
+    # on while one writes.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL;",
+    }
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TEST_DATABASE_NAME", "test_portal")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -71,3 +71,23 @@ def test_environment_overrides(tmp_path):
     assert queue == "platform-b"
     assert cache_root == "/fsx/models"
     assert debug == "False"
+
+
+def test_the_embedded_sqlite_waits_for_the_write_lock_instead_of_failing(tmp_path):
+    """Two writers at once (worker tasks, the web server) must queue, not fail with "database
+    is locked": immediate transactions with a busy timeout, in WAL mode."""
+    check = (
+        "import django; django.setup(); from django.db import connection; "
+        "from django.conf import settings as s; o = s.DATABASES['default']['OPTIONS']; "
+        "print(o['transaction_mode'], o['timeout'], sep='|'); "
+        "c = connection.cursor(); c.execute('PRAGMA journal_mode'); print(c.fetchone()[0])"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
+    base.update(
+        DJANGO_SETTINGS_MODULE="portal.settings", PORTAL_VAR_DIR=str(tmp_path / "var"), DEBUG="1"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, env=base, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["IMMEDIATE|20", "wal"]
