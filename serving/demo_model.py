@@ -32,9 +32,24 @@ CORPUS_LINES = [
     "system user assistant: you are a helpful assistant.",
 ]
 
+# Tools are described and calls written in the Hermes format that Qwen's and Hermes' templates
+# use, which the front end's auto tool choice reads back (serving.frontend.tools); a tool's
+# result goes back as a user turn, as in Qwen's template. Without tools the prompt is just the
+# turns.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nYou may call functions. To call one, answer "
+    '<tool_call>{"name": <name>, "arguments": <arguments object>}</tool_call>. '
+    "Functions:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</s>\n{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "{% if message['role'] == 'tool' %}"
+    "<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response></s>\n"
+    "{% else %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    '<tool_call>{"name": {{ call.function.name | tojson }}, '
+    '"arguments": {{ call.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}</s>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

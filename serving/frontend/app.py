@@ -32,6 +32,7 @@ from serving.frontend.metrics import add_metrics
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.frontend.repository import ModelEntry, read_repository
 from serving.frontend.settings import Settings
+from serving.frontend.tools import template_tool_calls, template_tools
 from serving.frontend.translate import check_embedding, check_supported
 
 logger = logging.getLogger(__name__)
@@ -112,8 +113,9 @@ def create_app(settings: Settings) -> FastAPI:
         entry = lookup(request.model, "generate")
         check_supported(request)
         messages = [_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        tools = template_tools(request)
         try:
-            prompt = await asyncio.to_thread(entry.chat_prompt, messages)
+            prompt = await asyncio.to_thread(entry.chat_prompt, messages, tools)
         except Exception as exc:  # the template's own error (e.g. role order) is the caller's
             raise bad_request(f"the chat template refused messages: {exc}", "messages") from None
         generation = Generation(request, entry.name, [prompt], settings.default_max_tokens)
@@ -159,4 +161,6 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
         message["content"] = ""
     if message["role"] == "developer":
         message["role"] = "system"
+    if "tool_calls" in message:
+        message["tool_calls"] = template_tool_calls(message["tool_calls"])
     return message

@@ -20,6 +20,7 @@ from typing import Any
 from serving.frontend.errors import OpenAIError, engine_unavailable
 from serving.frontend.kserve_client import EngineOutput, GenerateCall, KServeClient, TokenLogprobs
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from serving.frontend.tools import ToolCallReader
 from serving.frontend.translate import GenerationRequest, build_payload, logprobs_count
 
 
@@ -30,6 +31,8 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
+    # Chat requests with tools: reads content and calls out of the text (streamed or whole).
+    reader: ToolCallReader | None = None
 
 
 @dataclass
@@ -60,7 +63,10 @@ class Generation:
                     self.request, default_max_tokens=self.default_max_tokens, index=i
                 )
                 request_id = f"{self.id}-{p * n + i}"
-                self.choices[request_id] = _Choice(index=p * n + i, prompt_index=p)
+                choice = _Choice(index=p * n + i, prompt_index=p)
+                if isinstance(self.request, ChatCompletionRequest) and self.request.tools:
+                    choice.reader = ToolCallReader(self.request)
+                self.choices[request_id] = choice
                 calls.append(GenerateCall(request_id, prompt, payload))
         return calls
 
@@ -93,15 +99,17 @@ class Generation:
     def response(self) -> dict[str, Any]:
         choices = sorted(self.choices.values(), key=lambda c: c.index)
         if isinstance(self.request, ChatCompletionRequest):
-            body_choices = [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": "".join(c.text)},
-                    "logprobs": self._chat_logprobs(c.logprobs),
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ]
+            body_choices = []
+            for c in choices:
+                message, finish_reason = _chat_message(c)
+                body_choices.append(
+                    {
+                        "index": c.index,
+                        "message": message,
+                        "logprobs": self._chat_logprobs(c.logprobs),
+                        "finish_reason": finish_reason,
+                    }
+                )
             kind = "chat.completion"
         else:
             body_choices = [
@@ -138,11 +146,19 @@ class Generation:
                 chunks.append(self._chunk([self._text_delta(choice.index, text, None, None)]))
         return chunks
 
-    def chunk(self, output: EngineOutput, choice: _Choice) -> dict[str, Any]:
+    def chunk(self, output: EngineOutput, choice: _Choice) -> dict[str, Any] | None:
+        """The SSE chunk for one engine response, or None when it adds nothing yet (text held
+        back because it may open a ``<tool_call>`` block)."""
         if isinstance(self.request, ChatCompletionRequest):
             logprobs = self._chat_logprobs(list(output.logprobs or ()))
-            delta = {"content": output.text}
-            part = self._chat_delta(choice.index, delta, logprobs, output.finish_reason)
+            finish_reason = output.finish_reason
+            if choice.reader is None:
+                delta: dict[str, Any] = {"content": output.text}
+            else:
+                delta, finish_reason = _tool_delta(choice, output)
+                if not delta and finish_reason is None and not logprobs:
+                    return None
+            part = self._chat_delta(choice.index, delta, logprobs, finish_reason)
         else:
             logprobs = self._completion_logprobs(list(output.logprobs or ()), 0)
             part = self._text_delta(choice.index, output.text, logprobs, output.finish_reason)
@@ -263,16 +279,78 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     async with aclosing(outputs):
         try:
-            for chunk in generation.opening_chunks():
+            for opening in generation.opening_chunks():
+                yield _event(opening)
+            chunk = generation.chunk(first, generation.record(first))
+            if chunk is not None:
                 yield _event(chunk)
-            yield _event(generation.chunk(first, generation.record(first)))
             async for output in outputs:
-                yield _event(generation.chunk(output, generation.record(output)))
+                chunk = generation.chunk(output, generation.record(output))
+                if chunk is not None:
+                    yield _event(chunk)
             if generation._include_usage():
                 yield _event(generation.usage_chunk())
         except OpenAIError as exc:
             yield _event(exc.body())
     yield b"data: [DONE]\n\n"
+
+
+def _chat_message(choice: _Choice) -> tuple[dict[str, Any], str | None]:
+    """A whole choice's assistant message and finish reason. With tools, calls are read out of
+    the text; as in OpenAI's API (and vLLM's server) ``finish_reason`` is then ``tool_calls``,
+    except for a named tool choice, which ends with ``stop``."""
+    text = "".join(choice.text)
+    if choice.reader is None:
+        return {"role": "assistant", "content": text}, choice.finish_reason
+    reader = choice.reader
+    content = reader.feed(text).content + reader.finish().content
+    calls = reader.all_calls()
+    if not calls:
+        return {"role": "assistant", "content": content}, choice.finish_reason
+    message = {
+        "role": "assistant",
+        "content": content or None,
+        "tool_calls": [call.wire() for call in calls],
+    }
+    return message, _finish_with_calls(reader, choice.finish_reason)
+
+
+def _tool_delta(choice: _Choice, output: EngineOutput) -> tuple[dict[str, Any], str | None]:
+    """One streamed chat delta of a request with tools, in OpenAI's shape: calls appear under
+    ``tool_calls`` with their position ``index``; the first delta of a call carries its id,
+    type and name, later ones only more ``function.arguments``."""
+    reader = choice.reader
+    assert reader is not None
+    before = len(reader.all_calls()) if reader.mode != "named" else 0
+    read = reader.feed(output.text)
+    if output.finish_reason is not None:
+        rest = reader.finish()
+        read.content += rest.content
+    delta: dict[str, Any] = {}
+    if read.content:
+        delta["content"] = read.content
+    if read.calls:
+        delta["tool_calls"] = [
+            {"index": before + i, **call.wire()} for i, call in enumerate(read.calls)
+        ]
+    elif reader.mode == "named" and (read.arguments or not reader.announced):
+        part: dict[str, Any] = {"index": 0, "function": {"arguments": read.arguments}}
+        if not reader.announced:
+            named = reader.all_calls()[0]
+            part = {"index": 0, **named.wire()}
+            part["function"]["arguments"] = read.arguments
+            reader.announced = True
+        delta["tool_calls"] = [part]
+    finish_reason = output.finish_reason
+    if finish_reason is not None and reader.all_calls():
+        finish_reason = _finish_with_calls(reader, finish_reason)
+    return delta, finish_reason
+
+
+def _finish_with_calls(reader: ToolCallReader, finish_reason: str | None) -> str | None:
+    if finish_reason == "stop" and reader.mode != "named":
+        return "tool_calls"
+    return finish_reason
 
 
 def _event(data: dict[str, Any]) -> bytes:

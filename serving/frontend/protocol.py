@@ -30,13 +30,46 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's wire form)
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    # Tool calling is not supported; declared to be refused by name.
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages: the calls it made
+    tool_call_id: str | None = None  # tool messages: which call this is the result of
     refusal: str | None = None
+
+
+class FunctionDefinition(_Strict):
+    # OpenAI's rule for function names.
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; absent means no arguments
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Strict):
@@ -89,10 +122,10 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # Refused unless at their no-op value.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Refused unless at their no-op value (functions/function_call: OpenAI's deprecated form).
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None

@@ -36,13 +36,16 @@ class ModelEntry:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.tokenizer_path)
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text the model's own chat template makes of ``messages``."""
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text the model's own chat template makes of ``messages`` (and of
+        ``tools``, OpenAI's tool objects, which templates that know tools describe)."""
         self.chat_prompt_ready()
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer of {self.name} has no chat template")
         prompt = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
         )
         return str(prompt)
 

@@ -24,7 +24,13 @@ from serving.constraints.spec import EXTRA_ARGS_KEY
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import InvalidRequestError
 from serving.frontend.errors import OpenAIError, bad_request, unsupported
-from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from serving.frontend.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    NamedToolChoice,
+)
+from serving.frontend.tools import check_tools, forced_schema
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 SEED_MODULUS = 2**63
@@ -119,6 +125,17 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
     model: tabs after the first key until the limit), which turns a valid request into truncated,
     unparseable output. Callers who want vLLM's default send ``structured_outputs`` instead."""
     fmt = request.response_format
+    tools = forced_schema(request) if isinstance(request, ChatCompletionRequest) else None
+    if tools is not None:
+        assert isinstance(request, ChatCompletionRequest)
+        if request.structured_outputs is not None or (fmt is not None and fmt.type != "text"):
+            field = "structured_outputs" if request.structured_outputs else "response_format"
+            raise bad_request(
+                f"{field} cannot be combined with tool_choice {_choice_name(request)}: the "
+                "output is then the tool call",
+                field,
+            )
+        return {"json": tools, "disable_any_whitespace": True}
     if fmt is None or fmt.type == "text":
         if fmt is not None and fmt.json_schema is not None:
             raise bad_request(
@@ -153,6 +170,13 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
     )
 
 
+def _choice_name(request: ChatCompletionRequest) -> str:
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return f"function {choice.function.name!r}"
+    return repr(choice)
+
+
 def check_supported(request: GenerationRequest) -> None:
     """Refuse, by name, every known parameter set to something the platform would not honour."""
     for name in ("presence_penalty", "frequency_penalty"):
@@ -182,16 +206,11 @@ def check_supported(request: GenerationRequest) -> None:
 
 
 def _check_chat(request: ChatCompletionRequest) -> None:
-    if request.tools:
-        raise unsupported("tools", "(tool calling) is not supported by this platform")
-    if request.tool_choice not in (None, "none"):
-        raise unsupported("tool_choice", "is not supported: tool calling is not available")
-    if request.parallel_tool_calls is not None:
-        raise unsupported("parallel_tool_calls", "is not supported: tool calling is not available")
+    check_tools(request)
     if request.functions:
-        raise unsupported("functions", "(function calling) is not supported by this platform")
+        raise unsupported("functions", "(OpenAI's deprecated form) is not supported; send tools")
     if request.function_call not in (None, "none"):
-        raise unsupported("function_call", "is not supported by this platform")
+        raise unsupported("function_call", "(deprecated) is not supported; send tool_choice")
     if request.modalities not in (None, ["text"]):
         raise unsupported("modalities", "is not supported: only text output")
     for name in ("audio", "prediction", "reasoning_effort", "web_search_options"):
@@ -200,8 +219,6 @@ def _check_chat(request: ChatCompletionRequest) -> None:
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     for i, message in enumerate(request.messages):
-        if message.tool_calls:
-            raise unsupported(f"messages[{i}].tool_calls", "is not supported (no tool calling)")
         if message.refusal is not None:
             raise unsupported(f"messages[{i}].refusal")
         if message.content is None and message.role != "assistant":
