@@ -22,6 +22,7 @@ import uvicorn
 
 from serving.frontend.app import create_app
 from serving.frontend.settings import Settings
+from serving.frontend.tool_parsers import ALIASES, DEFAULT_PARSER, PARSERS, parser_name
 
 
 class DrainingServer(uvicorn.Server):
@@ -57,6 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-openai", dest="openai", action="store_false", help="serve only health and /metrics"
     )
     parser.add_argument("--default-max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--tool-call-parser",
+        default=DEFAULT_PARSER,
+        choices=sorted([*PARSERS, *ALIASES]),
+        help="how models write tool calls under tool_choice auto, unless their config.pbtxt "
+        "sets the tool_call_parser parameter",
+    )
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="info")
     # uvloop (from uvicorn[standard]) takes about 1 ms off each request: bench/frontend_overhead.py.
@@ -76,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         kserve_metrics=args.kserve_metrics,
         openai=args.openai,
         default_max_tokens=args.default_max_tokens,
+        tool_call_parser=parser_name(args.tool_call_parser),
     )
     config = uvicorn.Config(
         create_app(settings),

@@ -118,7 +118,13 @@ def create_app(settings: Settings) -> FastAPI:
             prompt = await asyncio.to_thread(entry.chat_prompt, messages, tools)
         except Exception as exc:  # the template's own error (e.g. role order) is the caller's
             raise bad_request(f"the chat template refused messages: {exc}", "messages") from None
-        generation = Generation(request, entry.name, [prompt], settings.default_max_tokens)
+        generation = Generation(
+            request,
+            entry.name,
+            [prompt],
+            settings.default_max_tokens,
+            tool_call_parser=entry.tool_call_parser or settings.tool_call_parser,
+        )
         return await run(generation)
 
     @app.post("/v1/completions")

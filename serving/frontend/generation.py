@@ -20,7 +20,8 @@ from typing import Any
 from serving.frontend.errors import OpenAIError, engine_unavailable
 from serving.frontend.kserve_client import EngineOutput, GenerateCall, KServeClient, TokenLogprobs
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from serving.frontend.tools import ToolCallReader
+from serving.frontend.tool_parsers import DEFAULT_PARSER, PARSERS
+from serving.frontend.tools import ToolCallReader, tool_mode
 from serving.frontend.translate import GenerationRequest, build_payload, logprobs_count
 
 
@@ -43,6 +44,7 @@ class Generation:
     model: str
     prompts: list[str]
     default_max_tokens: int
+    tool_call_parser: str = DEFAULT_PARSER
     id: str = ""
     created: int = 0
     choices: dict[str, _Choice] = field(default_factory=dict)
@@ -57,15 +59,24 @@ class Generation:
     def calls(self) -> list[GenerateCall]:
         n = self.request.n
         calls = []
+        # A format whose call marker is a special token needs the text to keep special tokens.
+        keep_special = (
+            isinstance(self.request, ChatCompletionRequest)
+            and tool_mode(self.request) == "auto"
+            and PARSERS[self.tool_call_parser].needs_special_tokens
+        )
         for p, prompt in enumerate(self.prompts):
             for i in range(n):
                 payload = build_payload(
-                    self.request, default_max_tokens=self.default_max_tokens, index=i
+                    self.request,
+                    default_max_tokens=self.default_max_tokens,
+                    index=i,
+                    keep_special_tokens=keep_special,
                 )
                 request_id = f"{self.id}-{p * n + i}"
                 choice = _Choice(index=p * n + i, prompt_index=p)
                 if isinstance(self.request, ChatCompletionRequest) and self.request.tools:
-                    choice.reader = ToolCallReader(self.request)
+                    choice.reader = ToolCallReader(self.request, self.tool_call_parser)
                 self.choices[request_id] = choice
                 calls.append(GenerateCall(request_id, prompt, payload))
         return calls

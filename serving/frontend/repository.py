@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serving.frontend.tool_parsers import TOOL_CALL_PARSER, parser_name
+from serving.kserve.repository import RepositoryError as KServeRepositoryError
+from serving.kserve.repository import read_config
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,6 +33,9 @@ class ModelEntry:
     kind: str  # "generate" | "embed"
     tokenizer_path: Path
     created: int
+    # How the model writes tool calls under tool_choice auto (serving.frontend.tool_parsers);
+    # None: the front end's default.
+    tool_call_parser: str | None = None
     tokenizer: Any = field(default=None, repr=False)
 
     def chat_prompt_ready(self) -> None:
@@ -86,6 +93,7 @@ def _entry(name: str, version: str, path: Path) -> ModelEntry:
     tokenizer = args.get("tokenizer") or args["model"]
     embed = args.get("runner") == "pooling" or args.get("convert") == "embed"
     return ModelEntry(
+        tool_call_parser=_tool_call_parser(path.parent.parent),
         name=name,
         version=version,
         kind="embed" if embed else "generate",
@@ -93,3 +101,19 @@ def _entry(name: str, version: str, path: Path) -> ModelEntry:
         tokenizer_path=path.parent / tokenizer,
         created=int(path.stat().st_mtime or time.time()),
     )
+
+
+def _tool_call_parser(model_dir: Path) -> str | None:
+    """The model's ``tool_call_parser`` parameter in its ``config.pbtxt`` (Triton keeps
+    parameters it does not know, so the file stays valid for ``tritonserver``)."""
+    try:
+        config = read_config(model_dir)
+    except KServeRepositoryError as exc:
+        raise RepositoryError(str(exc)) from None
+    if TOOL_CALL_PARSER not in config.parameters:
+        return None
+    name = config.parameters[TOOL_CALL_PARSER].string_value
+    try:
+        return parser_name(name)
+    except ValueError as exc:
+        raise RepositoryError(f"{model_dir / 'config.pbtxt'}: {exc}") from None

@@ -18,3 +18,5 @@ class Settings:
     engine_timeout: float = 600.0  # seconds one engine stream may last
     # Where the engine writes vLLM-named metrics (default: $PROMETHEUS_MULTIPROC_DIR).
     multiproc_dir: Path | None = None
+    # Tool-call format under tool_choice auto for models whose config.pbtxt names none.
+    tool_call_parser: str = "hermes"

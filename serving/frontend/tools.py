@@ -29,9 +29,8 @@ import jsonschema
 
 from serving.frontend.errors import bad_request
 from serving.frontend.protocol import ChatCompletionRequest, NamedToolChoice
+from serving.frontend.tool_parsers import Segment, json_or_none, new_parser
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 Mode = Literal["none", "auto", "required", "named"]
@@ -206,9 +205,11 @@ class ReadOut:
 
 
 class ToolCallReader:
-    """Turns a choice's generated text, fed piece by piece, into content and tool calls."""
+    """Turns a choice's generated text, fed piece by piece, into content and tool calls.
 
-    def __init__(self, request: ChatCompletionRequest) -> None:
+    ``parser`` is the model's call format under ``auto`` (:mod:`serving.frontend.tool_parsers`)."""
+
+    def __init__(self, request: ChatCompletionRequest, parser: str = "hermes") -> None:
         self.mode = tool_mode(request)
         self.known = {t.function.name for t in request.tools or []}
         self.named: ToolCall | None = None
@@ -217,7 +218,7 @@ class ToolCallReader:
             self.named = ToolCall(new_call_id(), request.tool_choice.function.name, "")
         self.announced = False  # named mode, streaming: the call's id and name were sent
         self.calls: list[ToolCall] = []
-        self._pending = ""  # text not yet given out (a possible tag, an open block or element)
+        self._parser = new_parser(parser)
         self._array = _ArrayElements()
 
     def feed(self, text: str) -> ReadOut:
@@ -231,19 +232,32 @@ class ToolCallReader:
             calls = [c for c in map(self._call, self._array.feed(text)) if c is not None]
             self.calls += calls
             return ReadOut(calls=calls)
-        return self._feed_auto(text)
+        return self._read(self._parser.feed(text))
 
     def finish(self) -> ReadOut:
-        """The end of the text: an unfinished ``<tool_call>`` block is content after all."""
-        rest, self._pending = self._pending, ""
+        """The end of the text: what the parser held back is resolved (an unfinished call is
+        content after all)."""
         if self.mode == "auto":
-            return ReadOut(content=rest)
+            return self._read(self._parser.finish())
         return ReadOut()
 
     def all_calls(self) -> list[ToolCall]:
         if self.named is not None:
             return [self.named]
         return list(self.calls)
+
+    def _read(self, segments: list[Segment]) -> ReadOut:
+        out = ReadOut()
+        for segment in segments:
+            objects = segment.parsed if isinstance(segment.parsed, list) else [segment.parsed]
+            calls = [self._call(obj) for obj in objects] if segment.candidate else []
+            found = [c for c in calls if c is not None]
+            if not found or len(found) != len(calls):
+                out.content += segment.text  # not calls to known functions: text as written
+                continue
+            self.calls += found
+            out.calls += found
+        return out
 
     def _call(self, element: Any) -> ToolCall | None:
         if not isinstance(element, dict) or element.get("name") not in self.known:
@@ -252,48 +266,6 @@ class ToolCallReader:
         if not isinstance(arguments, dict):
             return None
         return ToolCall(new_call_id(), element["name"], json.dumps(arguments, ensure_ascii=False))
-
-    def _feed_auto(self, text: str) -> ReadOut:
-        out = ReadOut()
-        self._pending += text
-        while True:
-            start = self._pending.find(TOOL_CALL_OPEN)
-            if start < 0:
-                keep = _partial_suffix(self._pending, TOOL_CALL_OPEN)
-                cut = len(self._pending) - keep
-                out.content += self._pending[:cut]
-                self._pending = self._pending[cut:]
-                return out
-            end = self._pending.find(TOOL_CALL_CLOSE, start)
-            if end < 0:
-                out.content += self._pending[:start]
-                self._pending = self._pending[start:]
-                return out
-            block = self._pending[start : end + len(TOOL_CALL_CLOSE)]
-            inner = self._pending[start + len(TOOL_CALL_OPEN) : end]
-            call = self._call(_json_or_none(inner.strip()))
-            out.content += self._pending[:start]
-            if call is None:
-                out.content += block
-            else:
-                self.calls.append(call)
-                out.calls.append(call)
-            self._pending = self._pending[end + len(TOOL_CALL_CLOSE) :]
-
-
-def _json_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """How many characters at the end of ``text`` could be the start of ``tag``."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 class _ArrayElements:
@@ -328,6 +300,6 @@ class _ArrayElements:
             elif char in "]}":
                 self._depth -= 1
                 if self._depth == 1 and self._element:
-                    done.append(_json_or_none("".join(self._element)))
+                    done.append(json_or_none("".join(self._element)))
                     self._element = []
         return done

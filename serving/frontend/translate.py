@@ -46,7 +46,11 @@ class EnginePayload:
 
 
 def build_payload(
-    request: GenerationRequest, *, default_max_tokens: int, index: int = 0
+    request: GenerationRequest,
+    *,
+    default_max_tokens: int,
+    index: int = 0,
+    keep_special_tokens: bool = False,
 ) -> EnginePayload:
     """The engine request for choice ``index`` of ``request`` (``n`` fans out into ``n`` engine
     requests; with a ``seed`` choice ``i`` gets ``seed + i``, so ``n=1`` keeps the seed as sent).
@@ -54,6 +58,8 @@ def build_payload(
     Raises :class:`OpenAIError` (400) naming the parameter the platform cannot honour."""
     check_supported(request)
     params = sampling_parameters(request, default_max_tokens=default_max_tokens, index=index)
+    if keep_special_tokens:
+        params["skip_special_tokens"] = False
     text = json.dumps(params)
     _check_with_engine_parser(request, text)
     echo = isinstance(request, CompletionRequest) and request.echo

@@ -24,22 +24,25 @@ def write_repository(
     *,
     name: str = MODEL_NAME,
     report_custom_metrics: str | None = "true",
+    parameters: dict[str, str] | None = None,
     **engine_args,
 ) -> Path:
     """``root/<name>/config.pbtxt`` + ``root/<name>/1/model.json``, as the portal packages a
-    vLLM-backend version (``REPORT_CUSTOM_METRICS`` "true"; ``None`` leaves the parameter out)."""
+    vLLM-backend version (``REPORT_CUSTOM_METRICS`` "true"; ``None`` leaves the parameter out;
+    ``parameters``: more model configuration parameters)."""
     model_dir = root / name
     (model_dir / "1").mkdir(parents=True)
-    parameters = (
-        f'parameters {{ key: "REPORT_CUSTOM_METRICS" value {{ string_value: '
-        f'"{report_custom_metrics}" }} }}\n'
-        if report_custom_metrics is not None
-        else ""
+    values = dict(parameters or {})
+    if report_custom_metrics is not None:
+        values["REPORT_CUSTOM_METRICS"] = report_custom_metrics
+    parameters_text = "".join(
+        f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+        for key, value in values.items()
     )
     (model_dir / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "vllm"\nmax_batch_size: 0\n'
         "model_transaction_policy { decoupled: true }\n"
-        "instance_group { count: 1 kind: KIND_MODEL }\n" + parameters
+        "instance_group { count: 1 kind: KIND_MODEL }\n" + parameters_text
     )
     args = {"model": str(weights), "tokenizer": str(weights), "disable_log_stats": False}
     (model_dir / "1" / "model.json").write_text(json.dumps({**args, **engine_args}))

@@ -29,13 +29,14 @@ def request(**fields: Any) -> ChatCompletionRequest:
 
 
 def read_in_pieces(reader: ToolCallReader, text: str, size: int) -> tuple[str, list[Any]]:
+    """Content and calls of ``text`` fed ``size`` characters at a time."""
     content, calls = "", []
     for start in range(0, len(text), size):
         out = reader.feed(text[start : start + size])
         content += out.content
         calls += out.calls
-    content += reader.finish().content
-    return content, calls
+    rest = reader.finish()
+    return content + rest.content, calls + rest.calls
 
 
 AUTO_TEXT = (
@@ -66,7 +67,7 @@ def test_auto_unfinished_block_is_content() -> None:
 def test_required_array_elements_become_calls_as_they_complete(size: int) -> None:
     text = json.dumps(
         [
-            {"name": "search", "parameters": {"q": "x}]\"{", "n": 2}},
+            {"name": "search", "parameters": {"q": 'x}]"{', "n": 2}},
             {"name": "noop", "parameters": {}},
         ],
         separators=(",", ":"),
@@ -110,9 +111,7 @@ def test_forced_schema_single_call_and_lifted_defs() -> None:
         "$defs": {"point": {"type": "array", "items": {"type": "number"}, "maxItems": 2}},
     }
     tools = [{"type": "function", "function": {"name": "plot", "parameters": with_defs}}]
-    schema = forced_schema(
-        request(tools=tools, tool_choice="required", parallel_tool_calls=False)
-    )
+    schema = forced_schema(request(tools=tools, tool_choice="required", parallel_tool_calls=False))
     assert schema is not None and schema["maxItems"] == 1 and "point" in schema["$defs"]
     jsonschema.validate([{"name": "plot", "parameters": {"p": [1, 2]}}], schema)
     with pytest.raises(jsonschema.ValidationError):
@@ -123,3 +122,56 @@ def test_no_forced_schema_for_auto_and_none() -> None:
     assert forced_schema(request()) is None
     assert forced_schema(request(tool_choice="none")) is None
     assert forced_schema(request(tools=None)) is None
+
+
+LLAMA_TEXT = (
+    '<|python_tag|>{"name": "search", "parameters": {"q": "x;y"}}; '
+    '{"name": "noop", "parameters": {}}'
+)
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+@pytest.mark.parametrize("text", [LLAMA_TEXT, LLAMA_TEXT.removeprefix("<|python_tag|>")])
+def test_llama3_json_calls_take_the_whole_answer(size: int, text: str) -> None:
+    content, calls = read_in_pieces(ToolCallReader(request(), "llama3_json"), text, size)
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("search", {"q": "x;y"}),
+        ("noop", {}),
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 1000])
+def test_llama3_json_text_answers_and_unknown_functions_stay_content(size: int) -> None:
+    for text in ("Hello <|python_tag|> there", '{"name": "other", "parameters": {}}', "{oops"):
+        content, calls = read_in_pieces(ToolCallReader(request(), "llama3_json"), text, size)
+        assert (content, calls) == (text, [])
+
+
+@pytest.mark.parametrize("size", [1, 2, 1000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Let me look. [TOOL_CALLS][{"name": "search", "arguments": {"q": "a"}}, '
+        '{"name": "noop", "arguments": {}}]',
+        'Let me look. [TOOL_CALLS]search[ARGS]{"q": "a"}[TOOL_CALLS]noop{}',
+    ],
+)
+def test_mistral_calls_in_both_tokenizer_generations(size: int, text: str) -> None:
+    content, calls = read_in_pieces(ToolCallReader(request(), "mistral"), text, size)
+    assert content == "Let me look. "
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("search", {"q": "a"}),
+        ("noop", {}),
+    ]
+
+
+def test_mistral_broken_calls_are_content() -> None:
+    text = "Hmm [TOOL_CALLS]search{not json"
+    content, calls = read_in_pieces(ToolCallReader(request(), "mistral"), text, 4)
+    assert (content, calls) == (text, [])
+
+
+def test_unknown_parser_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="hermes, llama3, llama3_json, mistral"):
+        ToolCallReader(request(), "pythonic")

@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.serving.conftest import MODEL_NAME
+from tests.serving.conftest import MODEL_NAME, write_repository
 from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
 
 WEATHER = {
@@ -48,15 +48,29 @@ MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Paris
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
 
 
+MISTRAL_MODEL = "demo--mistral"
+
+
 @pytest.fixture(scope="module")
-def engine(model_repository: Path) -> Iterator[Engine]:
-    with kserve_engine(model_repository) as running:
+def repository(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Path:
+    """The demo model twice: with the front end's default call format (Hermes), and as a model
+    whose ``config.pbtxt`` says it writes calls in Mistral's format."""
+    root = tmp_path_factory.mktemp("tools-repository")
+    write_repository(root, demo_model_dir, max_num_seqs=8)
+    parameters = {"tool_call_parser": "mistral"}
+    write_repository(root, demo_model_dir, name=MISTRAL_MODEL, parameters=parameters)
+    return root
+
+
+@pytest.fixture(scope="module")
+def engine(repository: Path) -> Iterator[Engine]:
+    with kserve_engine(repository) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def front(model_repository: Path, engine: Engine) -> Iterator[Frontend]:
-    with frontend(model_repository, engine.frontend_args) as running:
+def front(repository: Path, engine: Engine) -> Iterator[Frontend]:
+    with frontend(repository, engine.frontend_args) as running:
         yield running
 
 
@@ -135,6 +149,23 @@ def test_a_call_to_an_unknown_function_stays_content(client: openai.OpenAI) -> N
     response = ask(client, extra_body={"vllm_xargs": {"constraint": {"choice": [text]}}})
     assert response.choices[0].message.content == text
     assert response.choices[0].message.tool_calls is None
+
+
+def test_a_model_configured_for_mistral_calls_is_read_in_that_format(
+    client: openai.OpenAI,
+) -> None:
+    text = 'On it. [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "CET"}}]'
+    force = {"vllm_xargs": {"constraint": {"choice": [text]}}}
+    response = ask(client, model=MISTRAL_MODEL, extra_body=force)
+    choice = response.choices[0]
+    assert choice.message.content == "On it. "
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("get_time", '{"zone": "CET"}')
+    ]
+    assert choice.finish_reason == "tool_calls"
+    # The same text from a Hermes model is only text.
+    plain = ask(client, extra_body=force).choices[0]
+    assert plain.message.content == text and plain.message.tool_calls is None
 
 
 def _streamed(client: openai.OpenAI, **fields: Any) -> tuple[str, dict[int, dict[str, str]], Any]:
@@ -230,11 +261,7 @@ def test_async_client_required(front: Frontend) -> None:
     ("fields", "param"),
     [
         (
-            {
-                "tools": [
-                    {"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}
-                ]
-            },
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}]},
             "tools[0].function.parameters",
         ),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
