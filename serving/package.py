@@ -27,6 +27,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving.constraints import LOGITS_PROCESSOR
 
 MANIFEST_NAME = "manifest.json"
+# The config.pbtxt parameter naming how a model writes tool calls under tool_choice auto, and
+# the formats the OpenAI front end reads (serving.frontend.tool_parsers).
+TOOL_CALL_PARSER = "tool_call_parser"
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 MANIFEST_FORMAT = 1
 CHUNK = 1 << 20
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -56,10 +60,17 @@ def render_config(config: mc.ModelConfig) -> str:
 
 
 def vllm_repository_files(
-    name: str, number: int, weights: str, engine_args: dict[str, Any]
+    name: str,
+    number: int,
+    weights: str,
+    engine_args: dict[str, Any],
+    *,
+    tool_call_parser: str | None = None,
 ) -> dict[str, bytes]:
     """``config.pbtxt`` and ``<number>/model.json`` for Triton's vLLM backend, as
-    ``{relative path: content}``; ``engine_args`` are the author's (already validated)."""
+    ``{relative path: content}``; ``engine_args`` are the author's (already validated).
+    ``tool_call_parser`` (how the model writes tool calls) is a model parameter the OpenAI
+    front end reads; Triton keeps parameters it does not use."""
     model_json = {
         "model": weights,
         "tokenizer": weights,
@@ -71,8 +82,11 @@ def vllm_repository_files(
         # default), and the processor reads those IDs.
         "logits_processors": [LOGITS_PROCESSOR],
     }
+    config = vllm_config(name, number)
+    if tool_call_parser:
+        config.parameters[TOOL_CALL_PARSER].string_value = tool_call_parser
     return {
-        f"{name}/config.pbtxt": render_config(vllm_config(name, number)).encode(),
+        f"{name}/config.pbtxt": render_config(config).encode(),
         f"{name}/{number}/model.json": (
             json.dumps(model_json, indent=2, sort_keys=True) + "\n"
         ).encode(),

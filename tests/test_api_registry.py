@@ -172,6 +172,7 @@ def test_version_create_list_retrieve_patch(client, model, release, artifact_roo
         "backend": "vllm",
     }
     assert created["api_surface"] == "openai+grpc"
+    assert created["tool_call_parser"] == "hermes"  # the default
     assert created["release"]["name"] == release.name
     assert created["engine_args"] == {"dtype": "bfloat16", "max_model_len": 4096}
 
@@ -290,6 +291,15 @@ def test_version_overrides_are_refused_as_pinned(
     assert message.startswith(f"{path}: ")
     version.refresh_from_db()
     assert version.engine_args == {"dtype": "auto"}
+
+
+def test_version_tool_call_format(client, model, release, artifact_root):
+    body = version_body(model, artifact_root, tool_call_parser="llama3_json")
+    response = client.post(VERSIONS, body, format="json")
+    assert response.status_code == 201, response.content
+    assert ModelVersion.objects.get(pk=response.json()["id"]).tool_call_parser == "llama3_json"
+    body = version_body(model, artifact_root, tool_call_parser="pythonic")
+    refused(client, "post", VERSIONS, body, "tool_call_parser", "not a valid choice")
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,14 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from portal.core.transitions import transition_version
-from portal.registry.models import ApiSurface, Backend, ModelVersion, PlatformRelease, VersionState
+from portal.registry.models import (
+    ApiSurface,
+    Backend,
+    ModelVersion,
+    PlatformRelease,
+    ToolCallParser,
+    VersionState,
+)
 from portal.registry.packaging import (
     PackagingError,
     build_package,
@@ -22,7 +29,7 @@ from portal.registry.packaging import (
 from portal.registry.services import set_default_release
 from portal.registry.tasks import package_version_task
 from serving.constraints import LOGITS_PROCESSOR
-from serving.package import MANIFEST_NAME
+from serving.package import MANIFEST_NAME, TOOL_CALL_PARSER, TOOL_CALL_PARSERS
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db
@@ -105,6 +112,21 @@ def test_vllm_package(team, release, artifact_root, engine_args):
         "logits_processors": [LOGITS_PROCESSOR],
     }
     assert "vllm" not in files[f"{name}/{number}/model.json"].decode().lower().replace("vllm_", "")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral"])
+def test_vllm_package_names_the_tool_call_format_for_the_front_end(
+    team, release, artifact_root, parser
+):
+    model = make_model(team, "agent")
+    version = make_version(model, artifact_root, tool_call_parser=parser)
+    files = read_archive(build_package(version).path)
+    config = parse_config(files["search--agent/config.pbtxt"])
+    assert config.parameters[TOOL_CALL_PARSER].string_value == parser
+
+
+def test_tool_call_formats_are_the_front_ends():
+    assert tuple(ToolCallParser.values) == TOOL_CALL_PARSERS
 
 
 def test_python_package(team, release, artifact_root):

@@ -24,6 +24,7 @@ from portal.registry.models import (
     ModelVersion,
     PlatformRelease,
     TaskKind,
+    ToolCallParser,
     VersionEvent,
 )
 from portal.registry.validation import find_version_overrides, override_message
@@ -134,7 +135,7 @@ class VersionOut(serializers.ModelSerializer):
         fields = [
             "id", "model", "model_slug", "team", "number", "artifact_uri", "backend",
             "engine_args", "io_spec", "api_surface", "constraint_plugins", "python_model",
-            "release", "state", "failure_reason", "materialization", "package_digest",
+            "tool_call_parser", "release", "state", "failure_reason", "materialization", "package_digest",
             "package_manifest", "state_changed_at", "created_at",
         ]  # fmt: skip
 
@@ -281,6 +282,11 @@ class VersionCreateIn(NoOverridesInput):
         required=False, default="", allow_blank=True, trim_whitespace=False,
         help_text="The Python backend's model.py source; omit to take it from the artifact.",
     )  # fmt: skip
+    tool_call_parser = serializers.ChoiceField(
+        choices=ToolCallParser.choices, default=ToolCallParser.HERMES,
+        help_text="How the model writes tool calls under tool_choice auto (its chat template's "
+        "format).",
+    )  # fmt: skip
 
 
 class VersionUpdateIn(NoOverridesInput):
@@ -292,6 +298,7 @@ class VersionUpdateIn(NoOverridesInput):
         child=serializers.CharField(max_length=100), required=False, max_length=20
     )
     python_model = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    tool_call_parser = serializers.ChoiceField(choices=ToolCallParser.choices, required=False)
 
 
 class DeploymentCreateIn(StrictInput):

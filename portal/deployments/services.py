@@ -251,6 +251,10 @@ def interface_changes(serving: ModelVersion, candidate: ModelVersion) -> list[st
         changes.append(f"backend {serving.backend} → {candidate.backend}")
     if serving.api_surface != candidate.api_surface:
         changes.append(f"API surface {serving.api_surface} → {candidate.api_surface}")
+    if serving.tool_call_parser != candidate.tool_call_parser:
+        changes.append(
+            f"tool-call format {serving.tool_call_parser} → {candidate.tool_call_parser}"
+        )
     if (serving.io_spec or {}) != (candidate.io_spec or {}):
         changes.append("I/O spec (tensor names, types or shapes) differs")
     return changes

@@ -103,7 +103,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
     search_fields = ["model__slug", "model__team__slug", "artifact_uri"]
     readonly_fields = [
         "model", "number", "artifact_uri", "backend", "engine_args", "io_spec", "api_surface",
-        "constraint_plugins", "python_model", "release", "state", "failure_reason",
+        "tool_call_parser", "constraint_plugins", "python_model", "release", "state", "failure_reason",
         "package_digest", "package_manifest", "state_changed_at", "created_by", "created_at",
     ]  # fmt: skip
 

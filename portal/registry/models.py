@@ -91,6 +91,14 @@ class ApiSurface(models.TextChoices):
     GRPC = "grpc", "KServe v2 gRPC only (standalone Triton)"
 
 
+class ToolCallParser(models.TextChoices):
+    """Values of :data:`serving.package.TOOL_CALL_PARSERS` (a test keeps them equal)."""
+
+    HERMES = "hermes", "Hermes <tool_call> blocks (Qwen 2.5/3, Hermes)"
+    LLAMA3_JSON = "llama3_json", "Llama 3 JSON calls"
+    MISTRAL = "mistral", "Mistral [TOOL_CALLS]"
+
+
 class VersionState(models.TextChoices):
     REGISTERED = "registered", "Registered"
     MATERIALIZING = "materializing", "Materializing weights"
@@ -114,6 +122,11 @@ class ModelVersion(models.Model):
         max_length=16, choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
     )
     constraint_plugins = models.JSONField(default=list, blank=True)
+    #: How the model writes tool calls when it may choose (OpenAI ``tool_choice: auto``); written
+    #: into config.pbtxt for the front end. Depends on the model's chat template.
+    tool_call_parser = models.CharField(
+        max_length=16, choices=ToolCallParser.choices, default=ToolCallParser.HERMES
+    )
     #: The author's Triton ``model.py`` (Python backend); blank means "take it from the artifact".
     python_model = models.TextField(blank=True)
     #: Filled by packaging: the sha256 of the package archive and its manifest.

@@ -105,7 +105,13 @@ def repository_files(version: ModelVersion, *, gpus: bool = True) -> dict[str, b
     try:
         if version.backend == Backend.VLLM:
             validate_engine_args(version.engine_args, version.release)
-            return vllm_repository_files(name, number, weights, version.engine_args)
+            return vllm_repository_files(
+                name,
+                number,
+                weights,
+                version.engine_args,
+                tool_call_parser=version.tool_call_parser,
+            )
         validate_io_spec(version.io_spec)
         source = version.python_model or _model_py_from_artifact(version)
         validate_python_model(source)

@@ -21,6 +21,7 @@ from portal.registry.models import (
     Model,
     ModelVersion,
     PlatformRelease,
+    ToolCallParser,
     VersionState,
 )
 from portal.registry.validation import validate_version_spec
@@ -81,6 +82,7 @@ def register_version(
     api_surface: str = ApiSurface.OPENAI_GRPC,
     constraint_plugins: list[str] | None = None,
     python_model: str = "",
+    tool_call_parser: str = ToolCallParser.HERMES,
     created_by=None,
 ) -> ModelVersion:
     """Validate and store a new version with the next number, packaged against the default
@@ -89,6 +91,9 @@ def register_version(
     io_spec = io_spec or {}
     constraint_plugins = constraint_plugins or []
     release = default_release()
+    if tool_call_parser not in ToolCallParser.values:
+        known = ", ".join(ToolCallParser.values)
+        raise ValidationError({"tool_call_parser": [f"Unknown tool call format (known: {known})."]})
     validate_version_spec(
         release=release,
         artifact_uri=artifact_uri,
@@ -114,6 +119,7 @@ def register_version(
             api_surface=api_surface,
             constraint_plugins=constraint_plugins,
             python_model=python_model,
+            tool_call_parser=tool_call_parser,
             release=release,
             created_by=created_by,
         )

@@ -15,7 +15,14 @@ from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
 from portal.deployments.models import InstanceType, Strategy
 from portal.deployments.services import MAX_BAKE_SECONDS, MAX_REPLICAS
-from portal.registry.models import ApiSurface, Backend, ModelVersion, TaskKind, VersionState
+from portal.registry.models import (
+    ApiSurface,
+    Backend,
+    ModelVersion,
+    TaskKind,
+    ToolCallParser,
+    VersionState,
+)
 
 #: An uploaded model.py larger than this is refused before it is read.
 MAX_MODEL_PY_BYTES = 1024 * 1024
@@ -98,6 +105,14 @@ class VersionForm(forms.Form):
         widget=forms.RadioSelect,
         label="API surface",
     )
+    tool_call_parser = forms.ChoiceField(
+        choices=ToolCallParser.choices,
+        initial=ToolCallParser.HERMES,
+        required=False,  # absent from a posted form: the default
+        label="Tool-call format",
+        help_text="How the model writes a tool call when it may choose (tool_choice auto): the "
+        "format its chat template teaches. Forced calls do not depend on it.",
+    )
     constraint_plugins = forms.MultipleChoiceField(
         choices=[],
         required=False,
@@ -121,6 +136,9 @@ class VersionForm(forms.Form):
         cast(forms.MultipleChoiceField, self.fields["constraint_plugins"]).choices = [
             (name, name) for name in settings.CONSTRAINT_PLUGINS
         ]
+
+    def clean_tool_call_parser(self) -> str:
+        return self.cleaned_data.get("tool_call_parser") or ToolCallParser.HERMES
 
     def clean_python_model(self) -> str:
         upload = self.cleaned_data.get("python_model")

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serving.frontend.tool_parsers import TOOL_CALL_PARSER, parser_name
+from serving.frontend.tool_parsers import parser_name
 from serving.kserve.repository import RepositoryError as KServeRepositoryError
 from serving.kserve.repository import read_config
+from serving.package import TOOL_CALL_PARSER
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 A model calls tools in the format its chat template taught it, so the format is a property of
 the model (vLLM's and Triton's front ends take it as ``--tool-call-parser``; here it is the
-front end's default or the model's ``tool_call_parser`` parameter in ``config.pbtxt``):
+front end's default or the model's ``tool_call_parser`` parameter in ``config.pbtxt``, which
+the portal writes from the version's setting, :data:`serving.package.TOOL_CALL_PARSERS`):
 
 - ``hermes`` (Qwen 2.5/3, Hermes, the demo model): ``<tool_call>{"name", "arguments"}</tool_call>``
   blocks anywhere in the text;
@@ -28,8 +29,6 @@ MISTRAL_ARGS = "[ARGS]"
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
 
-# The model configuration parameter (config.pbtxt) that names a model's format.
-TOOL_CALL_PARSER = "tool_call_parser"
 DEFAULT_PARSER = "hermes"
 
 

@@ -10,7 +10,9 @@ import jsonschema
 import pytest
 
 from serving.frontend.protocol import ChatCompletionRequest
+from serving.frontend.tool_parsers import PARSERS
 from serving.frontend.tools import ToolCallReader, forced_schema
+from serving.package import TOOL_CALL_PARSERS
 
 PARAMS = {
     "type": "object",
@@ -175,3 +177,7 @@ def test_mistral_broken_calls_are_content() -> None:
 def test_unknown_parser_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="hermes, llama3, llama3_json, mistral"):
         ToolCallReader(request(), "pythonic")
+
+
+def test_the_package_writer_knows_the_same_formats() -> None:
+    assert tuple(PARSERS) == TOOL_CALL_PARSERS

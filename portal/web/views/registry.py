@@ -105,6 +105,7 @@ def version_new(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "backend": latest.backend,
             "engine_args": latest.engine_args,
             "api_surface": latest.api_surface,
+            "tool_call_parser": latest.tool_call_parser,
             "constraint_plugins": latest.constraint_plugins,
             "io_spec": latest.io_spec,
         }
