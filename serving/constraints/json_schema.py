@@ -1,0 +1,242 @@
+"""JSON schema → an XGrammar EBNF grammar whose every finished output is valid JSON.
+
+XGrammar 0.2.9 converts a schema into a grammar, but some of its string rules let characters
+through that JSON forbids unescaped inside a string (see ``docs/xgrammar-control-characters.md``),
+and it ignores some keywords. This module is the one place both engines take a JSON schema
+(and ``json_object``) through: the OpenAI front end sends vLLM the grammar text it returns as
+``structured_outputs.grammar``, and the CPU engine compiles the same text. So the CPU engine and
+vLLM constrain identically, and neither silently drops a constraint: an unenforceable schema is
+refused by keyword instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from serving.engine.types import InvalidRequestError, StructuredOutput
+
+# What ``json_object`` promises (OpenAI's JSON mode): an object, not any JSON value.
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+# Keywords that only annotate a schema: nothing to enforce.
+_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$anchor",
+        "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "strict",
+    }
+)
+
+# Keywords XGrammar 0.2.9 enforces, checked by tests/constraints/test_json_schema_property.py.
+_ENFORCED = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "anyOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+    }
+)
+
+# Formats whose XGrammar rules produce only characters that need no escape in a JSON string.
+FORMATS = frozenset(
+    {"date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "hostname", "uuid", "uri"}
+)
+
+# Characters a JSON string must escape: the quote, the backslash and U+0000-U+001F.
+_MUST_ESCAPE = frozenset([0x22, 0x5C, *range(0x20)])
+
+# The character class XGrammar 0.2.9 writes for one character of a string with ``minLength`` or
+# ``maxLength``, and the class its own unconstrained string rule uses (no control characters).
+_FLAWED_CLASS = r"[^\"\\\r\n]"
+_STRING_CLASS = r"[^\0-\x1f\"\\\r\n]"
+
+
+def structured_grammar(structured: StructuredOutput) -> str:
+    """The EBNF grammar a ``json``, ``json_object`` or ``grammar`` structured output compiles
+    to: what the front end sends vLLM and what the CPU engine compiles."""
+    spaces = not structured.disable_any_whitespace
+    if structured.json_schema is not None:
+        return json_schema_grammar(structured.json_schema, any_whitespace=spaces)
+    if structured.json_object:
+        return json_object_grammar(any_whitespace=spaces)
+    if structured.grammar is None:
+        raise InvalidRequestError("structured_outputs has no json, json_object or grammar")
+    return structured.grammar
+
+
+def as_grammar_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """vLLM ``StructuredOutputsParams`` (as a dict) with a ``json`` or ``json_object``
+    constraint replaced by its corrected ``grammar``; anything else, or anything the engine's
+    parser refuses (it is named later, by that parser), comes back as given."""
+    if params is None or not ({"json", "json_object"} & set(params)):
+        return params
+    from serving.engine.sampling_params import parse_structured_outputs
+
+    try:
+        structured = parse_structured_outputs(params)
+    except InvalidRequestError:
+        return params
+    return {"grammar": structured_grammar(structured)}
+
+
+def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = False) -> str:
+    """The corrected EBNF grammar for ``schema``; raises :class:`InvalidRequestError` naming the
+    first keyword that cannot be enforced (or XGrammar's own error)."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return _grammar(text, any_whitespace)
+
+
+def json_object_grammar(*, any_whitespace: bool = False) -> str:
+    return json_schema_grammar(JSON_OBJECT_SCHEMA, any_whitespace=any_whitespace)
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar(schema_text: str, any_whitespace: bool) -> str:
+    import xgrammar
+
+    try:
+        schema = json.loads(schema_text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"structured_outputs.json: {exc.msg}") from None
+    if not isinstance(schema, dict):
+        raise InvalidRequestError("structured_outputs.json must be a JSON schema object")
+    check_enforceable(schema)
+    try:
+        grammar = xgrammar.Grammar.from_json_schema(schema_text, any_whitespace=any_whitespace)
+    except (RuntimeError, ValueError) as exc:
+        raise InvalidRequestError(f"structured_outputs.json: {exc}") from None
+    return fix_string_classes(str(grammar))
+
+
+def fix_string_classes(ebnf: str) -> str:
+    """Replace XGrammar's string-character class that admits control characters by the class
+    its unconstrained strings use."""
+    return ebnf.replace(_FLAWED_CLASS, _STRING_CLASS)
+
+
+def check_enforceable(schema: dict[str, Any]) -> None:
+    """Refuse, naming it, the first keyword (or pattern, or format) the grammar would not enforce
+    or could enforce only by emitting invalid JSON."""
+    for path, node in _subschemas(schema, "schema"):
+        for key, value in node.items():
+            where = f"{path}.{key}"
+            if key in _ANNOTATIONS:
+                continue
+            if key not in _ENFORCED:
+                raise InvalidRequestError(
+                    f"structured_outputs.json: {where} is not supported: the grammar engine "
+                    "cannot enforce it"
+                )
+            if key == "format" and value not in FORMATS:
+                raise InvalidRequestError(
+                    f"structured_outputs.json: {where} {value!r} is not supported "
+                    f"(supported: {', '.join(sorted(FORMATS))})"
+                )
+            if key == "pattern" and isinstance(value, str):
+                _check_pattern(value, where)
+
+
+def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema object inside ``node`` (a boolean schema has no keywords), with its path."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key in ("properties", "$defs", "definitions"):
+        children = node.get(key)
+        if isinstance(children, dict):
+            for name, child in children.items():
+                yield from _subschemas(child, f"{path}.{key}.{name}")
+    for key in ("items", "additionalProperties"):
+        yield from _subschemas(node.get(key), f"{path}.{key}")
+    children = node.get("anyOf")
+    if isinstance(children, list):
+        for i, child in enumerate(children):
+            yield from _subschemas(child, f"{path}.anyOf[{i}]")
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    """XGrammar matches ``pattern`` against the string's raw text and never escapes: a pattern
+    that names a character JSON must escape (as a literal or inside a class) yields a string
+    that is not JSON. Classes built only from ``\\d \\w \\s`` (and their negations), negated
+    classes and ``.`` are safe: XGrammar leaves those characters out."""
+    import re._parser as sre  # type: ignore[import-not-found]
+
+    try:
+        parsed = sre.parse(pattern)
+    except re.error as exc:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {where} is not a regex: {exc}"
+        ) from None
+    bad = _escaped_chars(parsed)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {where} can match U+{bad:04X}, a character a JSON string "
+            "must escape, which the grammar engine cannot generate inside a pattern; leave it out "
+            "(e.g. with a negated class)"
+        )
+
+
+def _escaped_chars(items: Any) -> int | None:
+    """The first must-escape code point that ``items`` (an sre parse tree) names, if any."""
+    import re._constants as c  # type: ignore[import-not-found]
+
+    for op, arg in items:
+        if op is c.LITERAL and arg in _MUST_ESCAPE:
+            return int(arg)
+        if op is c.IN:
+            negated = any(o is c.NEGATE for o, _ in arg)
+            if negated:
+                continue
+            for o, a in arg:
+                if o is c.LITERAL and a in _MUST_ESCAPE:
+                    return int(a)
+                if o is c.RANGE and a[0] <= 0x5C and any(a[0] <= x <= a[1] for x in _MUST_ESCAPE):
+                    return next(x for x in sorted(_MUST_ESCAPE) if a[0] <= x <= a[1])
+        if op is c.BRANCH:
+            for branch in arg[1]:
+                found = _escaped_chars(branch)
+                if found is not None:
+                    return found
+        if op is c.SUBPATTERN:
+            found = _escaped_chars(arg[-1])
+            if found is not None:
+                return found
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            found = _escaped_chars(arg[2])
+            if found is not None:
+                return found
+        if op in (c.ASSERT, c.ASSERT_NOT, c.GROUPREF, c.GROUPREF_EXISTS):
+            raise InvalidRequestError(
+                "structured_outputs.json: lookarounds and back-references in pattern are not supported"
+            )
+    return None
