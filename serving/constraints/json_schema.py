@@ -56,6 +56,7 @@ _ENFORCED = frozenset(
         "items",
         "minItems",
         "maxItems",
+        "multipleOf",
         "minimum",
         "maximum",
         "exclusiveMinimum",
@@ -67,6 +68,8 @@ _ENFORCED = frozenset(
     }
 )
 
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
 # Formats whose XGrammar rules produce only characters that need no escape in a JSON string.
 FORMATS = frozenset(
     {"date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "hostname", "uuid", "uri"}
@@ -75,10 +78,13 @@ FORMATS = frozenset(
 # Characters a JSON string must escape: the quote, the backslash and U+0000-U+001F.
 _MUST_ESCAPE = frozenset([0x22, 0x5C, *range(0x20)])
 
-# The character class XGrammar 0.2.9 writes for one character of a string with ``minLength`` or
-# ``maxLength``, and the class its own unconstrained string rule uses (no control characters).
-_FLAWED_CLASS = r"[^\"\\\r\n]"
-_STRING_CLASS = r"[^\0-\x1f\"\\\r\n]"
+# The character classes XGrammar 0.2.9 writes for one unescaped character of a string: with
+# ``minLength`` or ``maxLength`` (admits control characters), and without (admits the UTF-8
+# encodings of surrogates, which are not UTF-8). Both become the class JSON allows.
+_FLAWED_CLASSES = (r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]")
+_STRING_CLASS = r"[^\0-\x1f\"\\\ud800-\udfff]"
+# Surrogates, to leave out of what a pattern's wildcards and negated classes match.
+_SURROGATES = r"\uD800-\uDFFF"
 
 
 def structured_grammar(structured: StructuredOutput) -> str:
@@ -131,6 +137,7 @@ def _grammar(schema_text: str, any_whitespace: bool) -> str:
     if not isinstance(schema, dict):
         raise InvalidRequestError("structured_outputs.json must be a JSON schema object")
     check_enforceable(schema)
+    schema_text = json.dumps(_without_surrogates(schema))
     try:
         grammar = xgrammar.Grammar.from_json_schema(schema_text, any_whitespace=any_whitespace)
     except (RuntimeError, ValueError) as exc:
@@ -139,9 +146,11 @@ def _grammar(schema_text: str, any_whitespace: bool) -> str:
 
 
 def fix_string_classes(ebnf: str) -> str:
-    """Replace XGrammar's string-character class that admits control characters by the class
-    its unconstrained strings use."""
-    return ebnf.replace(_FLAWED_CLASS, _STRING_CLASS)
+    """Replace XGrammar's string-character classes by one that admits exactly the characters a
+    JSON string may hold unescaped."""
+    for flawed in _FLAWED_CLASSES:
+        ebnf = ebnf.replace(flawed, _STRING_CLASS)
+    return ebnf
 
 
 def check_enforceable(schema: dict[str, Any]) -> None:
@@ -161,6 +170,13 @@ def check_enforceable(schema: dict[str, Any]) -> None:
                 raise InvalidRequestError(
                     f"structured_outputs.json: {where} {value!r} is not supported "
                     f"(supported: {', '.join(sorted(FORMATS))})"
+                )
+            if key == "multipleOf" and not (
+                node.get("type") == "integer" and type(value) is int and not _BOUNDS & set(node)
+            ):
+                raise InvalidRequestError(
+                    f"structured_outputs.json: {where} is only supported as a whole number on "
+                    'a schema of "type": "integer" without minimum or maximum'
                 )
             if key == "pattern" and isinstance(value, str):
                 _check_pattern(value, where)
@@ -240,3 +256,64 @@ def _escaped_chars(items: Any) -> int | None:
                 "structured_outputs.json: lookarounds and back-references in pattern are not supported"
             )
     return None
+
+
+# Keywords whose values are JSON values, not schemas.
+_VALUES = frozenset({"enum", "const", "default", "examples"})
+
+
+def _without_surrogates(node: Any) -> Any:
+    """``node`` with every ``pattern`` rewritten by :func:`exclude_surrogates`."""
+    if isinstance(node, list):
+        return [_without_surrogates(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: v if k in _VALUES else _without_surrogates(v) for k, v in node.items()}
+    if isinstance(node.get("pattern"), str):
+        out["pattern"] = exclude_surrogates(node["pattern"])
+    return out
+
+
+def exclude_surrogates(pattern: str) -> str:
+    """``pattern`` with surrogates left out of ``.``, ``\\S``, ``\\W``, ``\\D`` and negated
+    classes: XGrammar lets those match the UTF-8 encoding of a surrogate, which is not UTF-8.
+    A positive class holding ``\\S``, ``\\W`` or ``\\D`` cannot be narrowed this way and
+    is refused."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = negated = False
+    class_start = 0
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < n:
+            escape = pattern[i : i + 2]
+            if escape in ("\\S", "\\W", "\\D"):
+                if not in_class:
+                    escape = f"[^\\{escape[1].lower()}{_SURROGATES}]"
+                elif not negated:
+                    raise InvalidRequestError(
+                        f"structured_outputs.json: pattern class with {escape} is not supported "
+                        "(write the class as a negated one)"
+                    )
+            out.append(escape)
+            i += 2
+            continue
+        if in_class:
+            if ch == "]" and i > class_start:
+                in_class = False
+                if negated:
+                    out.append(_SURROGATES)
+            out.append(ch)
+        elif ch == "[":
+            in_class = True
+            negated = pattern.startswith("^", i + 1)
+            out.append("[^" if negated else "[")
+            i += 2 if negated else 1
+            class_start = i
+            continue
+        elif ch == ".":
+            out.append(f"[^\\n\\r{_SURROGATES}]")
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
