@@ -166,6 +166,10 @@ def check_enforceable(schema: dict[str, Any]) -> None:
                     f"structured_outputs.json: {where} is not supported: the grammar engine "
                     "cannot enforce it"
                 )
+            if key in ("items", "additionalProperties") and not isinstance(value, dict | bool):
+                raise InvalidRequestError(
+                    f"structured_outputs.json: {where} must be a schema (an object or a boolean)"
+                )
             if key == "format" and value not in FORMATS:
                 raise InvalidRequestError(
                     f"structured_outputs.json: {where} {value!r} is not supported "
@@ -258,19 +262,22 @@ def _escaped_chars(items: Any) -> int | None:
     return None
 
 
-# Keywords whose values are JSON values, not schemas.
-_VALUES = frozenset({"enum", "const", "default", "examples"})
-
-
 def _without_surrogates(node: Any) -> Any:
-    """``node`` with every ``pattern`` rewritten by :func:`exclude_surrogates`."""
-    if isinstance(node, list):
-        return [_without_surrogates(v) for v in node]
+    """The schema ``node`` (already checked) with every ``pattern`` rewritten by
+    :func:`exclude_surrogates`; walks the same keywords as :func:`_subschemas`."""
     if not isinstance(node, dict):
         return node
-    out = {k: v if k in _VALUES else _without_surrogates(v) for k, v in node.items()}
+    out = dict(node)
     if isinstance(node.get("pattern"), str):
         out["pattern"] = exclude_surrogates(node["pattern"])
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(node.get(key), dict):
+            out[key] = {name: _without_surrogates(child) for name, child in node[key].items()}
+    for key in ("items", "additionalProperties"):
+        if key in node:
+            out[key] = _without_surrogates(node[key])
+    if isinstance(node.get("anyOf"), list):
+        out["anyOf"] = [_without_surrogates(child) for child in node["anyOf"]]
     return out
 
 

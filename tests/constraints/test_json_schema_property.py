@@ -112,6 +112,9 @@ def test_the_uncorrected_grammar_fails_where_the_corrected_one_holds() -> None:
         ({"type": "string", "pattern": "^[\\s\\S]$"}, "\\S"),
         ({"type": "string", "pattern": "^(?=a)a$"}, "lookaround"),
         ({"type": "object", "properties": {"a": {"type": "array", "contains": {}}}}, "contains"),
+        ({"type": "array", "items": [{"uniqueItems": True}]}, "items"),
+        ({"$defs": {"d": {"not": {}}}, "$ref": "#/$defs/d"}, "not"),
+        ({"anyOf": [{"type": "string", "dependentRequired": {}}]}, "dependentRequired"),
     ],
 )
 def test_unenforceable_schemas_are_refused_by_name(schema: dict[str, Any], named: str) -> None:
