@@ -137,7 +137,7 @@ def _grammar(schema_text: str, any_whitespace: bool) -> str:
     if not isinstance(schema, dict):
         raise InvalidRequestError("structured_outputs.json must be a JSON schema object")
     check_enforceable(schema)
-    schema_text = json.dumps(_without_surrogates(schema))
+    schema_text = json.dumps(_rewritten(schema))
     try:
         grammar = xgrammar.Grammar.from_json_schema(schema_text, any_whitespace=any_whitespace)
     except (RuntimeError, ValueError) as exc:
@@ -157,6 +157,7 @@ def check_enforceable(schema: dict[str, Any]) -> None:
     """Refuse, naming it, the first keyword (or pattern, or format) the grammar would not enforce
     or could enforce only by emitting invalid JSON."""
     for path, node in _subschemas(schema, "schema"):
+        _check_combinations(node, path)
         for key, value in node.items():
             where = f"{path}.{key}"
             if key in _ANNOTATIONS:
@@ -184,6 +185,37 @@ def check_enforceable(schema: dict[str, Any]) -> None:
                 )
             if key == "pattern" and isinstance(value, str):
                 _check_pattern(value, where)
+
+
+def _check_combinations(node: dict[str, Any], path: str) -> None:
+    """Keywords XGrammar accepts alone but drops in company (see the upstream report)."""
+    constraints = set(node) - _ANNOTATIONS - {"$defs", "definitions"}
+    for alone in ("$ref", "anyOf"):
+        if alone in node and constraints - {alone}:
+            other = sorted(constraints - {alone})[0]
+            raise InvalidRequestError(
+                f"structured_outputs.json: {path}.{other} next to {alone} is not supported: "
+                f"the grammar engine enforces only the {alone}"
+            )
+    shaped = sorted({"pattern", "format"} & constraints)
+    if shaped:
+        for other in ("minLength", "maxLength", "pattern", "format"):
+            if other in constraints and other != shaped[0]:
+                raise InvalidRequestError(
+                    f"structured_outputs.json: {path}.{other} together with {shaped[0]} is not "
+                    "supported: the grammar engine enforces only the "
+                    f"{shaped[0]} (write the length into a pattern instead)"
+                )
+    required = node.get("required")
+    if isinstance(required, list):
+        properties = node.get("properties")
+        defined = properties if isinstance(properties, dict) else {}
+        missing = [name for name in required if name not in defined]
+        if missing:
+            raise InvalidRequestError(
+                f"structured_outputs.json: {path}.required names {missing[0]!r}, which "
+                "properties does not define"
+            )
 
 
 def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -262,9 +294,11 @@ def _escaped_chars(items: Any) -> int | None:
     return None
 
 
-def _without_surrogates(node: Any) -> Any:
-    """The schema ``node`` (already checked) with every ``pattern`` rewritten by
-    :func:`exclude_surrogates`; walks the same keywords as :func:`_subschemas`."""
+def _rewritten(node: Any, path: str = "schema") -> Any:
+    """The schema ``node`` (already checked) as XGrammar is given it: every ``pattern``
+    rewritten by :func:`exclude_surrogates`, and every ``enum`` or ``const`` narrowed to the
+    values its sibling keywords allow (XGrammar ignores those siblings). Walks the same keywords
+    as :func:`_subschemas`."""
     if not isinstance(node, dict):
         return node
     out = dict(node)
@@ -272,13 +306,40 @@ def _without_surrogates(node: Any) -> Any:
         out["pattern"] = exclude_surrogates(node["pattern"])
     for key in ("properties", "$defs", "definitions"):
         if isinstance(node.get(key), dict):
-            out[key] = {name: _without_surrogates(child) for name, child in node[key].items()}
+            out[key] = {
+                name: _rewritten(child, f"{path}.{key}.{name}") for name, child in node[key].items()
+            }
     for key in ("items", "additionalProperties"):
         if key in node:
-            out[key] = _without_surrogates(node[key])
+            out[key] = _rewritten(node[key], f"{path}.{key}")
     if isinstance(node.get("anyOf"), list):
-        out["anyOf"] = [_without_surrogates(child) for child in node["anyOf"]]
+        out["anyOf"] = [_rewritten(c, f"{path}.anyOf[{i}]") for i, c in enumerate(node["anyOf"])]
+    if "enum" in node or "const" in node:
+        out = _narrowed(out, node, path)
     return out
+
+
+def _narrowed(out: dict[str, Any], node: dict[str, Any], path: str) -> dict[str, Any]:
+    """``out`` with its listed values reduced to those valid under the other keywords."""
+    import jsonschema
+
+    key = "enum" if "enum" in node else "const"
+    values = node["enum"] if key == "enum" else [node["const"]]
+    rest = {k: v for k, v in node.items() if k not in ("enum", "const") and k not in _ANNOTATIONS}
+    if not rest:
+        return out
+    try:
+        validator = jsonschema.Draft202012Validator(rest)
+        kept = [v for v in values if validator.is_valid(v)]
+    except jsonschema.exceptions.JsonSchemaException as exc:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {path}.{key} with {sorted(rest)[0]} cannot be checked: {exc}"
+        ) from None
+    if not kept:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {path}.{key}: no value satisfies the schema's other keywords"
+        )
+    return {k: v for k, v in out.items() if k not in rest and k != "const"} | {"enum": kept}
 
 
 def exclude_surrogates(pattern: str) -> str:

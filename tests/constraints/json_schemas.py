@@ -76,6 +76,17 @@ _leaves = st.one_of(
     st.sampled_from([{"type": "boolean"}, {"type": "null"}, {"type": ["string", "null"]}]),
     st.lists(_scalars, min_size=1, max_size=4, unique_by=json.dumps).map(lambda v: {"enum": v}),
     _scalars.map(lambda v: {"const": v}),
+    # Listed values next to keywords that rule some of them out (never all).
+    st.builds(
+        lambda v, n: {"type": "string", "enum": sorted({"a", *v}), "maxLength": n},
+        st.lists(st.sampled_from(ODD_TEXT), min_size=1, max_size=4, unique=True),
+        st.integers(4, 9),
+    ),
+    st.builds(
+        lambda v, n: {"type": "integer", "enum": sorted({0, *v}), "maximum": n},
+        st.lists(st.integers(-5, 5), min_size=1, max_size=4, unique=True),
+        st.integers(0, 5),
+    ),
 )
 
 
