@@ -206,6 +206,12 @@ def _check_combinations(node: dict[str, Any], path: str) -> None:
                     "supported: the grammar engine enforces only the "
                     f"{shaped[0]} (write the length into a pattern instead)"
                 )
+    if node.get("properties") and node.get("additionalProperties", False) is not False:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {path}.additionalProperties next to properties is only "
+            "supported as false: an extra key written with escapes (\\u0061 for a) can repeat a "
+            "property with a value its schema does not allow"
+        )
     required = node.get("required")
     if isinstance(required, list):
         properties = node.get("properties")

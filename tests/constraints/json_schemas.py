@@ -58,7 +58,9 @@ def _string(draw: st.DrawFn) -> dict[str, Any]:
 def _number(draw: st.DrawFn) -> dict[str, Any]:
     kind = draw(st.sampled_from(["integer", "number"]))
     schema: dict[str, Any] = {"type": kind}
-    low = draw(st.integers(-20, 10))
+    low: float = draw(st.integers(-20, 10))
+    if kind == "number" and draw(st.booleans()):
+        low += 0.5
     if draw(st.booleans()):
         schema[draw(st.sampled_from(["minimum", "exclusiveMinimum"]))] = low
     if draw(st.booleans()):
@@ -96,6 +98,7 @@ def _containers(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrateg
         _array(children),
         st.lists(children, min_size=2, max_size=3).map(lambda c: {"anyOf": c}),
         children.map(lambda c: {"type": "object", "additionalProperties": c}),
+        st.just({"type": "object", "additionalProperties": True}),
     )
 
 
@@ -107,6 +110,8 @@ def _object(draw: st.DrawFn, children: st.SearchStrategy[dict[str, Any]]) -> dic
     schema["required"] = draw(st.lists(st.sampled_from(names), unique=True))
     if draw(st.booleans()):
         schema["additionalProperties"] = False
+    if draw(st.integers(0, 4)) == 0:
+        schema["type"] = ["object", "null"]
     return schema
 
 

@@ -120,6 +120,10 @@ def test_the_uncorrected_grammar_fails_where_the_corrected_one_holds() -> None:
         ({"$ref": "#/$defs/d", "$defs": {"d": {}}, "maxLength": 2}, "maxLength next to $ref"),
         ({"anyOf": [{"type": "string"}], "type": "string"}, "type next to anyOf"),
         ({"const": "abcd", "maxLength": 3}, "no value satisfies"),
+        (
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+            "additionalProperties next to properties",
+        ),
         ({"$defs": {"d": {"not": {}}}, "$ref": "#/$defs/d"}, "not"),
         ({"anyOf": [{"type": "string", "dependentRequired": {}}]}, "dependentRequired"),
     ],
