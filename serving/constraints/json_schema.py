@@ -255,7 +255,12 @@ def _check_pattern(pattern: str, where: str) -> None:
         raise InvalidRequestError(
             f"structured_outputs.json: {where} is not a regex: {exc}"
         ) from None
-    bad = _escaped_chars(parsed)
+    try:
+        bad = _escaped_chars(parsed)
+    except ValueError:
+        raise InvalidRequestError(
+            f"structured_outputs.json: {where}: lookarounds and back-references are not supported"
+        ) from None
     if bad is not None:
         raise InvalidRequestError(
             f"structured_outputs.json: {where} can match U+{bad:04X}, a character a JSON string "
@@ -294,9 +299,7 @@ def _escaped_chars(items: Any) -> int | None:
             if found is not None:
                 return found
         if op in (c.ASSERT, c.ASSERT_NOT, c.GROUPREF, c.GROUPREF_EXISTS):
-            raise InvalidRequestError(
-                "structured_outputs.json: lookarounds and back-references in pattern are not supported"
-            )
+            raise ValueError(op)
     return None
 
 
@@ -335,7 +338,9 @@ def _narrowed(out: dict[str, Any], node: dict[str, Any], path: str) -> dict[str,
     if not rest:
         return out
     try:
-        validator = jsonschema.Draft202012Validator(rest)
+        validator = jsonschema.Draft202012Validator(
+            rest, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
         kept = [v for v in values if validator.is_valid(v)]
     except jsonschema.exceptions.JsonSchemaException as exc:
         raise InvalidRequestError(

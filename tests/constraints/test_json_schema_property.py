@@ -111,7 +111,7 @@ def test_the_uncorrected_grammar_fails_where_the_corrected_one_holds() -> None:
         ({"type": "string", "pattern": '^["]$'}, "U+0022"),
         ({"type": "string", "pattern": "^[\\x00-\\x7f]$"}, "U+0000"),
         ({"type": "string", "pattern": "^[\\s\\S]$"}, "\\S"),
-        ({"type": "string", "pattern": "^(?=a)a$"}, "lookaround"),
+        ({"type": "string", "pattern": "^(?=a)a$"}, "lookarounds"),
         ({"type": "object", "properties": {"a": {"type": "array", "contains": {}}}}, "contains"),
         ({"type": "array", "items": [{"uniqueItems": True}]}, "items"),
         ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength together with pattern"),
