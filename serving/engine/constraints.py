@@ -4,7 +4,8 @@ Two sources, one bitmask layout (int32 words, bit ``t`` = token ``t`` allowed):
 - the platform's native engine (:mod:`serving.constraints`) for ``regex`` and ``choice``
   structured outputs and the platform's own ``extra_args.constraint``;
 - XGrammar for JSON schema, ``json_object`` and EBNF grammars, which need a pushdown automaton
-  (nesting) that a regex DFA cannot express.
+  (nesting) that a regex DFA cannot express; JSON schemas become EBNF first
+  (:mod:`serving.constraints.json_schema`), exactly as for vLLM.
 
 A request may carry both (say a JSON schema plus ``max_tokens`` or a banned-token set); the
 row's mask is then their intersection.
@@ -12,7 +13,6 @@ row's mask is then their intersection.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ import torch
 
 from serving.constraints import ConstraintError, validate_spec
 from serving.constraints.engine import allocate_bitmask
+from serving.constraints.json_schema import structured_grammar
 from serving.constraints.native import NativeEngine
 from serving.constraints.spec import All, Choice, ConstraintSpec, Regex
 from serving.constraints.vocab import Vocabulary
@@ -80,14 +81,9 @@ class ConstraintCompiler:
     def _compile_grammar(self, structured: Any) -> Any:
         compiler = self._grammar_compiler()
         try:
-            spaces = not structured.disable_any_whitespace
-            if structured.json_schema is not None:
-                schema = json.dumps(structured.json_schema)
-                return compiler.compile_json_schema(schema, any_whitespace=spaces)
-            if structured.json_object:
-                # OpenAI's JSON mode promises an object, not any JSON value.
-                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=spaces)
-            return compiler.compile_grammar(structured.grammar)
+            return compiler.compile_grammar(structured_grammar(structured))
+        except InvalidRequestError:
+            raise
         except (RuntimeError, ValueError) as exc:
             kind = "json" if structured.json_schema is not None else "grammar"
             raise InvalidRequestError(f"structured_outputs.{kind}: {exc}") from None

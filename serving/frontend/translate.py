@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 
+from serving.constraints.json_schema import as_grammar_params
 from serving.constraints.spec import EXTRA_ARGS_KEY
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import InvalidRequestError
@@ -129,7 +130,10 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
     (``disable_any_whitespace``): the output is the same JSON, and a model left free to emit
     whitespace can keep emitting it until ``max_tokens`` (observed with the random-weights demo
     model: tabs after the first key until the limit), which turns a valid request into truncated,
-    unparseable output. Callers who want vLLM's default send ``structured_outputs`` instead."""
+    unparseable output. Callers who want vLLM's default send ``structured_outputs`` instead.
+
+    JSON schemas and ``json_object`` are sent as the corrected EBNF ``grammar`` the CPU engine
+    also compiles (:mod:`serving.constraints.json_schema`), never as vLLM's ``json``."""
     fmt = request.response_format
     tools = forced_schema(request) if isinstance(request, ChatCompletionRequest) else None
     if tools is not None:
@@ -148,7 +152,10 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
                 "response_format.json_schema is only valid with type json_schema",
                 "response_format.json_schema",
             )
-        return request.structured_outputs
+        try:
+            return as_grammar_params(request.structured_outputs)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), "structured_outputs") from None
     if request.structured_outputs is not None:
         raise bad_request(
             "send either response_format or structured_outputs, not both", "structured_outputs"
@@ -159,7 +166,7 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
                 "response_format.json_schema is only valid with type json_schema",
                 "response_format.json_schema",
             )
-        return {"json_object": True, "disable_any_whitespace": True}
+        return as_grammar_params({"json_object": True, "disable_any_whitespace": True})
     if fmt.type == "json_schema":
         if fmt.json_schema is None or fmt.json_schema.schema_ is None:
             raise bad_request(
@@ -167,7 +174,11 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
                 "response_format.json_schema.schema",
             )
         _check_json_schema(fmt.json_schema.schema_)
-        return {"json": fmt.json_schema.schema_, "disable_any_whitespace": True}
+        params = {"json": fmt.json_schema.schema_, "disable_any_whitespace": True}
+        try:
+            return as_grammar_params(params)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), "response_format.json_schema.schema") from None
     raise OpenAIError(
         400,
         f"response_format.type {fmt.type!r} is not supported (text, json_object, json_schema)",

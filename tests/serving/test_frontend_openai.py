@@ -239,6 +239,43 @@ def test_json_schema_response_format_validates(client: openai.OpenAI) -> None:
     jsonschema.validate(value, CHOICE_SCHEMA)
 
 
+def test_sampled_json_schema_answers_with_string_lengths_are_valid_json(
+    client: openai.OpenAI,
+) -> None:
+    """XGrammar's own rule for a string with maxLength lets raw control characters through
+    (docs/xgrammar-control-characters.md); sampled at temperature 1 from random weights, many
+    answers held one before the platform corrected the grammar."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "note": {"type": "string", "maxLength": 12},
+            "code": {"type": "string", "minLength": 1, "maxLength": 4},
+        },
+        "required": ["note", "code"],
+        "additionalProperties": False,
+    }
+    stopped = 0
+    for seed in (11, 211, 4011):
+        response = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Write a note"}],
+            max_tokens=80,
+            temperature=1.0,
+            n=8,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "note", "schema": schema, "strict": True},
+            },
+        )
+        for choice in response.choices:
+            if choice.finish_reason != "stop":
+                continue
+            stopped += 1
+            jsonschema.validate(json.loads(choice.message.content or ""), schema)
+    assert stopped >= 12
+
+
 def test_json_object_response_format(client: openai.OpenAI) -> None:
     response = client.completions.create(
         model=MODEL_NAME,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from serving.constraints.json_schema import json_object_grammar, json_schema_grammar
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.frontend.errors import OpenAIError
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -31,7 +32,8 @@ def completion(**fields: Any) -> CompletionRequest:
 
 def test_json_schema_payload_is_pinned_exactly() -> None:
     """The exact string Triton's backend receives: ``structured_outputs`` is a JSON string
-    inside the ``sampling_parameters`` JSON string (vLLM 0.24 name, never guided_decoding)."""
+    inside the ``sampling_parameters`` JSON string (vLLM 0.24 name, never guided_decoding), and a
+    JSON schema travels as the corrected grammar both engines compile, not as vLLM's ``json``."""
     request = chat(
         max_completion_tokens=32,
         temperature=0.0,
@@ -43,21 +45,21 @@ def test_json_schema_payload_is_pinned_exactly() -> None:
         },
     )
     payload = build_payload(request, default_max_tokens=16)
-    assert payload.sampling_parameters == (
-        '{"max_tokens": 32, "temperature": 0.0, "seed": 7, "stop": ["\\n\\n"], '
-        '"structured_outputs": "{\\"json\\": {\\"type\\": \\"object\\", \\"properties\\": '
-        '{\\"color\\": {\\"enum\\": [\\"red\\", \\"green\\"]}}, \\"required\\": [\\"color\\"], '
-        '\\"additionalProperties\\": false}, \\"disable_any_whitespace\\": true}"}'
+    grammar = json_schema_grammar(SCHEMA)
+    assert payload.sampling_parameters == json.dumps(
+        {
+            "max_tokens": 32,
+            "temperature": 0.0,
+            "seed": 7,
+            "stop": ["\n\n"],
+            "structured_outputs": json.dumps({"grammar": grammar}),
+        }
     )
+    assert r'root_prop_0 ::= (("\"red\"") | ("\"green\""))' in grammar
     outer = json.loads(payload.sampling_parameters)
-    assert isinstance(outer["structured_outputs"], str)
-    assert json.loads(outer["structured_outputs"]) == {
-        "json": SCHEMA,
-        "disable_any_whitespace": True,
-    }
     assert "guided_decoding" not in outer
     options = parse_sampling_parameters(payload.sampling_parameters)
-    assert options.structured is not None and options.structured.json_schema == SCHEMA
+    assert options.structured is not None and options.structured.grammar == grammar
     assert payload.exclude_input_in_output and not payload.return_logprobs
 
 
@@ -69,10 +71,40 @@ def test_json_object_and_text_formats() -> None:
     )
     assert params == {
         "max_tokens": 16,
-        "structured_outputs": '{"json_object": true, "disable_any_whitespace": true}',
+        "structured_outputs": json.dumps({"grammar": json_object_grammar()}),
     }
     text = build_payload(chat(response_format={"type": "text"}), default_max_tokens=16)
     assert json.loads(text.sampling_parameters) == {"max_tokens": 16}
+
+
+def test_vllm_json_field_travels_as_the_same_grammar() -> None:
+    """vLLM callers' own ``structured_outputs.json`` gets the same correction, with their
+    whitespace choice kept."""
+    schema = {"type": "string", "maxLength": 4}
+    for compact in (True, False):
+        fields = {"json": schema, "disable_any_whitespace": compact}
+        payload = build_payload(completion(structured_outputs=fields), default_max_tokens=8)
+        sent = json.loads(json.loads(payload.sampling_parameters)["structured_outputs"])
+        assert sent == {"grammar": json_schema_grammar(schema, any_whitespace=not compact)}
+        assert "[^\\0-\\x1f" in sent["grammar"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+        ({"type": "string", "not": {"const": "a"}}, "not"),
+        ({"type": "string", "pattern": '^a"$'}, "pattern"),
+    ],
+)
+def test_unenforceable_schemas_are_refused_by_keyword(schema: dict[str, Any], keyword: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(OpenAIError) as caught:
+        build_payload(chat(response_format=fmt), default_max_tokens=8)
+    assert caught.value.status == 400
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert keyword in caught.value.message
 
 
 def test_vllm_xargs_constraint_becomes_extra_args() -> None:
