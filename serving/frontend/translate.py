@@ -145,7 +145,9 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
                 "output is then the tool call",
                 field,
             )
-        return {"json": tools, "disable_any_whitespace": True}
+        # The forced call is JSON too, so it gets the same corrected grammar (a function whose
+        # parameters use a keyword the grammar cannot enforce is refused naming ``tools``).
+        return as_grammar_params({"json": tools, "disable_any_whitespace": True})
     if fmt is None or fmt.type == "text":
         if fmt is not None and fmt.json_schema is not None:
             raise bad_request(
@@ -291,7 +293,12 @@ def _check_with_engine_parser(request: GenerationRequest, payload: str) -> None:
         message = str(exc)
         param: str | None
         if "structured_outputs" in message:
-            param = "structured_outputs" if request.structured_outputs else "response_format"
+            if isinstance(request, ChatCompletionRequest) and forced_schema(request) is not None:
+                param = "tools"
+            elif request.structured_outputs:
+                param = "structured_outputs"
+            else:
+                param = "response_format"
         elif "constraint" in message or "extra_args" in message:
             param = f"vllm_xargs.{EXTRA_ARGS_KEY}"
         else:
