@@ -2,7 +2,7 @@
 
     python -m serving.frontend --model-repository DIR --kserve-grpc 127.0.0.1:8001 \\
         --kserve-http 127.0.0.1:8000 --kserve-metrics http://127.0.0.1:8002/metrics \\
-        --host 127.0.0.1 --port 9000 [--no-openai]
+        --host 127.0.0.1 --port 9000 [--no-openai] [--access-log]
 
 On SIGTERM uvicorn stops accepting connections and waits up to ``--drain-timeout`` seconds for
 in-flight requests (streams included) to finish before it exits.
@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="info")
+    # One log line per request is CPU on the path this process exists to keep short; the
+    # instance supervisor (serving.instance) never logged them either (log level warning).
+    parser.add_argument(
+        "--access-log", action="store_true", help="log every request (uvicorn's access log)"
+    )
     # uvloop (from uvicorn[standard]) takes about 1 ms off each request: bench/frontend_overhead.py.
     parser.add_argument("--loop", default="auto", choices=("asyncio", "uvloop", "auto"))
     return parser.parse_args(argv)
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         timeout_graceful_shutdown=int(args.drain_timeout),
         loop=args.loop,
+        access_log=args.access_log,
     )
     DrainingServer(config).run()
 

@@ -14,20 +14,31 @@ engine requests.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+import struct
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import httpx
-import numpy as np
-import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferInput
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
 
 from serving.frontend.errors import OpenAIError, engine_unavailable
 from serving.frontend.translate import EnginePayload
+
+# The channel options tritonclient's InferenceServerClient sets by default (message sizes up to
+# INT32_MAX, its keepalive settings), so the engine sees the same connection it did before.
+_INT32_MAX = 2**31 - 1
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", _INT32_MAX),
+    ("grpc.max_receive_message_length", _INT32_MAX),
+    ("grpc.keepalive_time_ms", _INT32_MAX),
+    ("grpc.keepalive_timeout_ms", 20000),
+    ("grpc.keepalive_permit_without_calls", False),
+    ("grpc.http2.max_pings_without_data", 2),
+)
 
 # Engine error messages that mean "try again later" rather than "your request is wrong". A
 # stream error carries only a message (no status), so the wording is the contract; the CPU
@@ -69,22 +80,31 @@ class GenerateCall:
 
 
 class KServeClient:
-    """One gRPC channel per front-end process (created inside the serving event loop)."""
+    """One gRPC channel per front-end process (created inside the serving event loop).
+
+    Requests are ``ModelInferRequest`` protobufs built here and sent on the generated
+    ``GRPCInferenceServiceStub`` (the one tritonclient wraps): tritonclient's aio
+    ``stream_infer`` adds an async request generator, a task that drains it, ``InferInput``
+    numpy round trips and ``InferResult`` numpy parsing, which together were about a third of
+    the front end's CPU time per request (``bench/frontend_overhead.py``, docs/benchmarks.md).
+    The messages on the wire are the same."""
 
     def __init__(self, grpc_url: str, http_url: str, *, timeout: float = 600.0) -> None:
         self.grpc_url = grpc_url
         self.http_url = http_url if "://" in http_url else f"http://{http_url}"
         self.timeout = timeout
-        self._grpc: grpcclient.InferenceServerClient | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._http: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        self._grpc = grpcclient.InferenceServerClient(self.grpc_url)
+        self._channel = grpc.aio.insecure_channel(self.grpc_url, options=CHANNEL_OPTIONS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._http = httpx.AsyncClient(base_url=self.http_url, timeout=5.0)
 
     async def close(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.close()
+        if self._channel is not None:
+            await self._channel.close()
         if self._http is not None:
             await self._http.aclose()
 
@@ -101,14 +121,7 @@ class KServeClient:
         self, model: str, calls: Sequence[GenerateCall], *, stream: bool
     ) -> AsyncGenerator[EngineOutput, None]:
         """Each engine response as it arrives, for all ``calls`` on one stream."""
-        requests = [
-            {
-                "model_name": model,
-                "inputs": _generate_inputs(call, stream),
-                "request_id": call.request_id,
-            }
-            for call in calls
-        ]
+        requests = [_generate_request(model, call, stream) for call in calls]
         pending = {call.request_id for call in calls}
         async with aclosing(self._stream(requests)) as results:
             async for result in results:
@@ -126,45 +139,51 @@ class KServeClient:
         and the prompt token count, in the order of ``texts``."""
         requests = []
         for i, text in enumerate(texts):
+            request = pb.ModelInferRequest(model_name=model, id=f"e{i}")
             body = json.dumps({"input": text, "pooling_params": {}}).encode()
-            inputs = [_bytes("embedding_request", body)]
-            inputs += [_bool("return_num_input_tokens", True)]
-            inputs += [_bool("return_num_output_tokens", True)]
-            requests.append({"model_name": model, "inputs": inputs, "request_id": f"e{i}"})
+            _add_bytes(request, "embedding_request", body)
+            _add_bool(request, "return_num_input_tokens", True)
+            _add_bool(request, "return_num_output_tokens", True)
+            requests.append(request)
         results: dict[str, tuple[list[float], int]] = {}
         async with aclosing(self._stream(requests)) as stream:
             async for result in stream:
-                request_id = result.get_response().id
-                raw = result.as_numpy("text_output")
+                outputs = _outputs(result)
+                raw = outputs.get("text_output")
                 if raw is None:
                     raise engine_unavailable("the engine answered without text_output")
                 vector = json.loads(_text(raw))
-                results[request_id] = (vector, _count(result.as_numpy("num_input_tokens")) or 0)
+                count = _count(outputs.get("num_input_tokens")) or 0
+                results[result.id] = (vector, count)
                 if len(results) == len(requests):
                     break
         if len(results) != len(requests):
             raise engine_unavailable("the engine closed the stream before every input was embedded")
         return [results[f"e{i}"] for i in range(len(texts))]
 
-    async def _stream(self, requests: list[dict[str, Any]]) -> AsyncGenerator[Any, None]:
-        assert self._grpc is not None
-
-        async def iterate() -> AsyncIterator[dict[str, Any]]:
-            for request in requests:
-                yield request
-
-        responses = self._grpc.stream_infer(iterate(), stream_timeout=self.timeout)
+    async def _stream(
+        self, requests: list[pb.ModelInferRequest]
+    ) -> AsyncGenerator[pb.ModelInferResponse, None]:
+        """One ``ModelStreamInfer`` call: every request written, the writing side closed (as
+        tritonclient did once its request iterator ran out), then the responses until the
+        caller stops. Leaving early cancels the call, which aborts the engine requests."""
+        assert self._stub is not None
+        call = self._stub.ModelStreamInfer(timeout=self.timeout)
         try:
-            async for result, error in responses:
-                if error is not None:
-                    raise _classify(str(error.message() or error))
-                yield result
+            for request in requests:
+                await call.write(request)
+            await call.done_writing()
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return
+                if response.error_message:
+                    raise _classify(response.error_message)
+                yield response.infer_response
         except grpc.RpcError as exc:
             raise _from_rpc(exc) from None
-        except InferenceServerException as exc:
-            raise _classify(str(exc.message() or exc)) from None
         finally:
-            responses.cancel()
+            call.cancel()
 
 
 def _classify(message: str) -> OpenAIError:
@@ -186,62 +205,99 @@ def _from_rpc(exc: grpc.RpcError) -> OpenAIError:
     return engine_unavailable(f"engine unreachable over KServe gRPC: {details}")
 
 
-def _bytes(name: str, value: bytes) -> InferInput:
-    tensor = InferInput(name, [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([value], dtype=np.object_))
-    return tensor
+def _add_bytes(request: pb.ModelInferRequest, name: str, value: bytes) -> None:
+    """A one-element BYTES input: its raw content is the 4-byte little-endian length, then the
+    bytes (KServe v2's serialization of a BYTES tensor)."""
+    request.inputs.add(name=name, datatype="BYTES", shape=(1,))
+    request.raw_input_contents.append(struct.pack("<I", len(value)) + value)
 
 
-def _bool(name: str, value: bool) -> InferInput:
-    tensor = InferInput(name, [1], "BOOL")
-    tensor.set_data_from_numpy(np.array([value], dtype=bool))
-    return tensor
+def _add_bool(request: pb.ModelInferRequest, name: str, value: bool) -> None:
+    request.inputs.add(name=name, datatype="BOOL", shape=(1,))
+    request.raw_input_contents.append(b"\x01" if value else b"\x00")
 
 
-def _generate_inputs(call: GenerateCall, stream: bool) -> list[InferInput]:
+def _generate_request(model: str, call: GenerateCall, stream: bool) -> pb.ModelInferRequest:
     payload = call.payload
-    return [
-        _bytes("text_input", call.prompt.encode()),
-        _bool("stream", stream),
-        _bytes("sampling_parameters", payload.sampling_parameters.encode()),
-        _bool("exclude_input_in_output", payload.exclude_input_in_output),
-        _bool("return_finish_reason", True),
-        _bool("return_num_input_tokens", True),
-        _bool("return_num_output_tokens", True),
-        _bool("return_logprobs", payload.return_logprobs),
-    ]
+    request = pb.ModelInferRequest(model_name=model, id=call.request_id)
+    _add_bytes(request, "text_input", call.prompt.encode())
+    _add_bool(request, "stream", stream)
+    _add_bytes(request, "sampling_parameters", payload.sampling_parameters.encode())
+    _add_bool(request, "exclude_input_in_output", payload.exclude_input_in_output)
+    _add_bool(request, "return_finish_reason", True)
+    _add_bool(request, "return_num_input_tokens", True)
+    _add_bool(request, "return_num_output_tokens", True)
+    _add_bool(request, "return_logprobs", payload.return_logprobs)
+    return request
 
 
-def _text(array: Any) -> str:
-    value = np.asarray(array).reshape(-1)[0]
+# The first element of a fixed-size tensor, by KServe datatype (raw contents are little-endian).
+_FIXED = {
+    "BOOL": struct.Struct("<?"),
+    "INT8": struct.Struct("<b"),
+    "INT16": struct.Struct("<h"),
+    "INT32": struct.Struct("<i"),
+    "INT64": struct.Struct("<q"),
+    "UINT8": struct.Struct("<B"),
+    "UINT16": struct.Struct("<H"),
+    "UINT32": struct.Struct("<I"),
+    "UINT64": struct.Struct("<Q"),
+    "FP32": struct.Struct("<f"),
+    "FP64": struct.Struct("<d"),
+}
+
+
+def _outputs(response: pb.ModelInferResponse) -> dict[str, Any]:
+    """Each output's first element (``None`` for an empty tensor), by name. Only the first
+    element is ever read: every tensor the vLLM backend sends per request has one. Like
+    tritonclient, raw contents come first and ``bytes_contents`` is the fallback."""
+    raw = response.raw_output_contents
+    out: dict[str, Any] = {}
+    for index, output in enumerate(response.outputs):
+        if index < len(raw):
+            out[output.name] = _first(output.datatype, raw[index])
+        elif output.contents.bytes_contents:
+            out[output.name] = output.contents.bytes_contents[0]
+        else:
+            out[output.name] = None
+    return out
+
+
+def _first(datatype: str, data: bytes) -> Any:
+    if datatype == "BYTES":
+        if len(data) < 4:
+            return None
+        (length,) = struct.unpack_from("<I", data)
+        return data[4 : 4 + length]
+    fixed = _FIXED[datatype]
+    return fixed.unpack_from(data)[0] if len(data) >= fixed.size else None
+
+
+def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _count(array: Any) -> int | None:
-    if array is None:
-        return None
-    flat = np.asarray(array).reshape(-1)
-    return int(flat[0]) if flat.size else None
+def _count(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
-def _parse_generate(result: Any) -> EngineOutput:
-    response = result.get_response()
-    final = "triton_final_response" in response.parameters and bool(
-        response.parameters["triton_final_response"].bool_param
-    )
-    text_output = result.as_numpy("text_output")
-    reason_output = result.as_numpy("finish_reason")
+def _parse_generate(response: pb.ModelInferResponse) -> EngineOutput:
+    final_param = response.parameters.get("triton_final_response")
+    final = final_param is not None and bool(final_param.bool_param)
+    outputs = _outputs(response)
+    text_output = outputs.get("text_output")
+    reason_output = outputs.get("finish_reason")
     # Triton's backend writes str(None) while a request is still running.
     reason = _text(reason_output) if reason_output is not None else None
     if reason in ("", "None", "null"):
         reason = None
-    logprobs_output = result.as_numpy("logprobs")
+    logprobs_output = outputs.get("logprobs")
     return EngineOutput(
         request_id=response.id,
         text=_text(text_output) if text_output is not None else "",
         finish_reason=reason,
-        num_input_tokens=_count(result.as_numpy("num_input_tokens")),
-        num_output_tokens=_count(result.as_numpy("num_output_tokens")) or 0,
+        num_input_tokens=_count(outputs.get("num_input_tokens")),
+        num_output_tokens=_count(outputs.get("num_output_tokens")) or 0,
         logprobs=_parse_logprobs(_text(logprobs_output)) if logprobs_output is not None else None,
         final=final,
     )
