@@ -152,17 +152,26 @@ class HttpClients:
         self._all: list[asyncio.StreamWriter] = []
 
     async def post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-        if self._idle:
-            reader, writer = self._idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-            self._all.append(writer)
         data = json.dumps(body).encode()
         head = (
             f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
-        )
-        writer.write(head.encode() + data)
+        ).encode()
+        while self._idle:
+            reader, writer = self._idle.pop()
+            try:
+                return await self._exchange(reader, writer, head + data)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()  # uvicorn closed it after its keep-alive timeout: as any client,
+                # open another; nothing was answered on it, so nothing is counted twice
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        self._all.append(writer)
+        return await self._exchange(reader, writer, head + data)
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    ) -> tuple[int, bytes]:
+        writer.write(request)
         response = await reader.readuntil(b"\r\n\r\n")
         status = int(response[9:12])
         headers = response.lower()
