@@ -147,7 +147,10 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
             )
         # The forced call is JSON too, so it gets the same corrected grammar (a function whose
         # parameters use a keyword the grammar cannot enforce is refused naming ``tools``).
-        return as_grammar_params({"json": tools, "disable_any_whitespace": True})
+        try:
+            return as_grammar_params({"json": tools, "disable_any_whitespace": True})
+        except InvalidRequestError as exc:
+            raise bad_request(f"tools: {exc}", "tools") from None
     if fmt is None or fmt.type == "text":
         if fmt is not None and fmt.json_schema is not None:
             raise bad_request(

@@ -153,7 +153,26 @@ def test_logprobs_and_echo_map_to_the_tensor_contract() -> None:
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": -1}, "frequency_penalty"),
         ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+                ]
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"not": {"type": "object"}}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"store": True}, "store"),
         ({"response_format": {"type": "grammar"}}, "response_format.type"),
