@@ -154,11 +154,7 @@ def test_logprobs_and_echo_map_to_the_tensor_contract() -> None:
         ({"frequency_penalty": -1}, "frequency_penalty"),
         ({"logit_bias": {"5": 1.0}}, "logit_bias"),
         (
-            {
-                "tools": [
-                    {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
-                ]
-            },
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
             "tools[0].function.parameters",
         ),
         (
