@@ -320,10 +320,7 @@ def test_structured_outputs_request_field(client: openai.OpenAI) -> None:
     [
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-            "tools",
-        ),
+        ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "structural_tag"}}, "response_format.type"),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
         ({"extra_body": {"no_such_parameter": 1}}, "no_such_parameter"),
