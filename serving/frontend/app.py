@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,9 +49,14 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await client.start()
         # Tokenizers load off the event loop, before the first request needs a chat template.
+        generative = settings.openai and any(e.kind == "generate" for e in models.values())
         for entry in models.values():
             if entry.kind == "generate" and settings.openai:
                 await asyncio.to_thread(entry.chat_prompt_ready)
+        if generative:
+            # XGrammar turns JSON schemas into grammars here (serving.constraints.json_schema);
+            # its import takes seconds, which must not stall the loop on the first schema.
+            await asyncio.to_thread(importlib.import_module, "xgrammar")
         try:
             yield
         finally:
