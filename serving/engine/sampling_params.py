@@ -65,19 +65,21 @@ _FALSE_STRINGS = {"false", "0"}
 
 # Keys accepted with any value the engine can act on.
 _INT = {"max_tokens", "min_tokens", "top_k", "seed", "logprobs", "n"}
-_FLOAT = {"temperature", "top_p"}
+_FLOAT = {
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+}
 _BOOL = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
 # vLLM keys accepted only at their no-op value (anything else would be silently ignored here).
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
     "prompt_logprobs": (None,),
     "detokenize": (True,),
     "spaces_between_special_tokens": (True,),
-    "logit_bias": (None, {}),
     "bad_words": (None, []),
     "allowed_token_ids": (None,),
     "truncate_prompt_tokens": (None,),
@@ -119,6 +121,8 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
             values[key] = _bool(key, value)
         elif key == "stop":
             values["stop"] = _stop(value)
+        elif key == "logit_bias":
+            values["logit_bias"] = parse_logit_bias(value)
         elif key == "stop_token_ids":
             values["stop_token_ids"] = _token_ids(key, value)
         elif key == "structured_outputs":
@@ -201,6 +205,47 @@ def parse_structured_outputs(value: Any) -> StructuredOutput:
             raise InvalidRequestError("structured_outputs.grammar must be a non-empty string")
         return StructuredOutput(grammar=spec)
     raise InvalidRequestError(f"structured_outputs.{kind} is not supported by this engine")
+
+
+def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """vLLM's ``logit_bias`` (token id → bias added to its logit) as sorted pairs.
+
+    JSON object keys are strings, so ``{"42": -5}`` is the only way a Triton client can send
+    it; keys must spell a token id (a non-negative integer; whether it is in the vocabulary is
+    checked when the request is admitted). Values are finite numbers, not range-checked: vLLM's
+    ``SamplingParams`` applies any bias as given (its OpenAI server clamps to [-100, 100]; this
+    platform's front end refuses values outside that range)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            "sampling_parameters.logit_bias must be an object of token id to bias"
+        )
+    bias: dict[int, float] = {}
+    for key, number in value.items():
+        token = _token_key(key)
+        if token is None:
+            raise InvalidRequestError(
+                f"sampling_parameters.logit_bias: key {key!r} is not a token id"
+            )
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not math.isfinite(number)
+        ):
+            raise InvalidRequestError(
+                f"sampling_parameters.logit_bias[{key!r}] must be a finite number"
+            )
+        bias[token] = float(number)
+    return tuple(sorted(bias.items()))
+
+
+def _token_key(key: Any) -> int | None:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if isinstance(key, str) and key.strip().isdigit() and key.strip().isascii():
+        return int(key.strip())
+    return None
 
 
 def convert_field(key: str, value: Any) -> Any:
@@ -314,6 +359,15 @@ def _checked(options: SamplingOptions) -> SamplingOptions:
         raise InvalidRequestError("sampling_parameters.top_k must be -1, 0 or positive")
     if not 1 <= options.n <= MAX_N:
         raise InvalidRequestError(f"sampling_parameters.n must be 1..{MAX_N}")
-    if options.logprobs is not None and not 0 <= options.logprobs <= 20:
-        raise InvalidRequestError("sampling_parameters.logprobs must be 0..20")
+    # The upper bound is the model's max_logprobs, checked when the request is admitted.
+    if options.logprobs is not None and options.logprobs < 0:
+        raise InvalidRequestError("sampling_parameters.logprobs must be >= 0")
+    # vLLM's SamplingParams ranges.
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(options, name) <= 2:
+            raise InvalidRequestError(f"sampling_parameters.{name} must be in [-2, 2]")
+    if options.repetition_penalty <= 0:
+        raise InvalidRequestError("sampling_parameters.repetition_penalty must be > 0")
+    if not 0 <= options.min_p <= 1:
+        raise InvalidRequestError("sampling_parameters.min_p must be in [0, 1]")
     return options
