@@ -28,6 +28,9 @@ from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, 
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 SEED_MODULUS = 2**63
+# Sent under their vLLM SamplingParams names, as given (protocol.py checks their ranges).
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+_TOKEN_ID = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,13 @@ def sampling_parameters(
     """vLLM ``SamplingParams`` fields by name, only those the request set (and ``max_tokens``,
     which Triton's front end also always sends, as vLLM's default of 16 would be implicit)."""
     params: dict[str, Any] = {"max_tokens": max_tokens(request, default_max_tokens)}
-    for key in ("temperature", "top_p", "top_k", "min_tokens"):
+    for key in ("temperature", "top_p", "top_k", "min_tokens", *PENALTY_FIELDS):
         value = getattr(request, key)
         if value is not None:
             params[key] = value
+    if request.logit_bias:
+        # vLLM's SamplingParams.logit_bias is dict[int, float]; JSON keys can only be strings.
+        params["logit_bias"] = {str(int(k)): v for k, v in request.logit_bias.items()}
     if request.seed is not None:
         params["seed"] = (request.seed + index) % SEED_MODULUS
     if request.stop:
@@ -155,11 +161,12 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
 
 def check_supported(request: GenerationRequest) -> None:
     """Refuse, by name, every known parameter set to something the platform would not honour."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, name) not in (None, 0):
-            raise unsupported(name, "is not supported by this platform (only 0)")
-    if request.logit_bias:
-        raise unsupported("logit_bias")
+    for key in request.logit_bias or {}:
+        if not _TOKEN_ID.fullmatch(key):
+            raise bad_request(
+                f"logit_bias: key {key!r} is not a token id (a non-negative integer)",
+                "logit_bias",
+            )
     if request.store:
         raise unsupported("store", "is not supported: completions are never stored")
     if request.metadata:

@@ -281,8 +281,8 @@ def test_structured_outputs_request_field(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"one": 5}}, "logit_bias"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
             "tools",

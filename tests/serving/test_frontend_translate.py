@@ -115,12 +115,24 @@ def test_logprobs_and_echo_map_to_the_tensor_contract() -> None:
     assert json.loads(legacy.sampling_parameters)["max_tokens"] == 5
 
 
+def test_penalties_min_p_and_logit_bias_travel_under_vllm_names() -> None:
+    fields = {"presence_penalty": 0.5, "frequency_penalty": -1, "min_p": 0.1}
+    fields |= {"repetition_penalty": 1.2, "logit_bias": {"5": 1.0, "007": -100}}
+    for request in (chat(**fields), completion(**fields)):
+        sent = json.loads(build_payload(request, default_max_tokens=4).sampling_parameters)
+        assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == -1
+        assert sent["repetition_penalty"] == 1.2 and sent["min_p"] == 0.1
+        # JSON object keys are strings; sent as canonical decimal token ids.
+        assert sent["logit_bias"] == {"5": 1.0, "7": -100}
+    plain = json.loads(build_payload(chat(), default_max_tokens=4).sampling_parameters)
+    assert not set(plain) & {"presence_penalty", "min_p", "logit_bias", "repetition_penalty"}
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": -1}, "frequency_penalty"),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"five": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"+5": 1.0}}, "logit_bias"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"store": True}, "store"),
