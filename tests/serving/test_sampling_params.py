@@ -56,6 +56,68 @@ def test_the_platform_constraint_travels_in_extra_args() -> None:
     assert parse_sampling_parameters(payload).constraint == Choice(("x", "y"))
 
 
+def test_logit_bias_is_read_from_extra_args_too() -> None:
+    """The OpenAI front end sends logit_bias in extra_args (Triton's backend would hand the
+    top-level field to vLLM with string keys); Triton clients may still send it at the top."""
+    bias = {"42": -100, "7": 2.5, "0": 0}
+    expected = ((0, 0.0), (7, 2.5), (42, -100.0))
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": bias}}).logit_bias == expected
+    assert parse_sampling_parameters({"logit_bias": bias}).logit_bias == expected
+    both = parse_sampling_parameters(
+        json.dumps({"extra_args": {"constraint": {"choice": ["x"]}, "logit_bias": {"3": 1}}})
+    )
+    assert both.logit_bias == ((3, 1.0),) and both.constraint == Choice(("x",))
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": None}}).logit_bias == ()
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": {}}}).logit_bias == ()
+    # A top-level null is no bias, wherever it comes in the object: the extra_args one stands.
+    for payload in (
+        {"extra_args": {"logit_bias": {"3": 1}}, "logit_bias": None},
+        {"logit_bias": None, "extra_args": {"logit_bias": {"3": 1}}},
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": None}},
+        {"extra_args": {"constraint": {"choice": ["x"]}}, "logit_bias": {"3": 1}},
+    ):
+        assert parse_sampling_parameters(json.dumps(payload)).logit_bias == ((3, 1.0),), payload
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": {"4": 1}}},
+        {"extra_args": {"logit_bias": {"4": 1}}, "logit_bias": {"3": 1}},
+        {"logit_bias": {}, "extra_args": {"logit_bias": {"4": 1}}},
+        {"extra_args": {"logit_bias": {}}, "logit_bias": {"3": 1}},
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": {"3": 1}}},
+    ],
+)
+def test_logit_bias_at_the_top_and_in_extra_args_at_once_is_refused(payload) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_sampling_parameters(json.dumps(payload))
+    assert str(info.value) == (
+        "sampling_parameters.logit_bias and sampling_parameters.extra_args.logit_bias are both "
+        "set; send logit_bias once"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bias", "message"),
+    [
+        ([1, 2], "extra_args.logit_bias must be an object of token id to bias"),
+        ({"cat": 1}, "extra_args.logit_bias: key 'cat' is not a token id"),
+        ({"-3": 1}, "extra_args.logit_bias: key '-3' is not a token id"),
+        ({"1.5": 1}, "extra_args.logit_bias: key '1.5' is not a token id"),
+        ({"7": "5"}, "extra_args.logit_bias\\['7'\\] must be a finite number"),
+        ({"7": None}, "extra_args.logit_bias\\['7'\\] must be a finite number"),
+    ],
+)
+def test_a_bad_logit_bias_in_extra_args_is_refused_by_its_name(bias, message) -> None:
+    """The same messages as the top-level field's, naming where the bias was sent."""
+    with pytest.raises(InvalidRequestError, match="^sampling_parameters." + message):
+        parse_sampling_parameters(json.dumps({"extra_args": {"logit_bias": bias}}))
+    top = message.replace("extra_args.", "")
+    with pytest.raises(InvalidRequestError, match="^sampling_parameters." + top):
+        parse_sampling_parameters(json.dumps({"logit_bias": bias}))
+
+
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
