@@ -177,9 +177,10 @@ def _classify(message: str) -> OpenAIError:
     return OpenAIError(400, message, param=_engine_param(message), code="engine_rejected")
 
 
-# The CPU engine names the field (``sampling_parameters.logit_bias: ...``); vLLM's own
-# validation says e.g. ``token_id(s) [..] in logit_bias contain out-of-vocab token ids``.
-_ENGINE_PARAM = re.compile(r"sampling_parameters\.(\w+)|\bin (logit_bias)\b")
+# The CPU engine and the platform's vLLM plugin name the field (``sampling_parameters.logit_bias``
+# or ``sampling_parameters.extra_args.logit_bias: ...``); vLLM's own validation says e.g.
+# ``token_id(s) [..] in logit_bias contain out-of-vocab token ids``.
+_ENGINE_PARAM = re.compile(r"sampling_parameters\.(?:extra_args\.)?(\w+)|\bin (logit_bias)\b")
 
 
 def _engine_param(message: str) -> str | None:

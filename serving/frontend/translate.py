@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonschema
 
-from serving.constraints.spec import EXTRA_ARGS_KEY
+from serving.constraints.spec import EXTRA_ARGS_KEY, LOGIT_BIAS_KEY
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import InvalidRequestError
 from serving.frontend.errors import OpenAIError, bad_request, unsupported
@@ -73,9 +73,6 @@ def sampling_parameters(
         value = getattr(request, key)
         if value is not None:
             params[key] = value
-    if request.logit_bias:
-        # vLLM's SamplingParams.logit_bias is dict[int, float]; JSON keys can only be strings.
-        params["logit_bias"] = {str(int(k)): v for k, v in request.logit_bias.items()}
     if request.seed is not None:
         params["seed"] = (request.seed + index) % SEED_MODULUS
     if request.stop:
@@ -90,8 +87,16 @@ def sampling_parameters(
     structured = structured_outputs(request)
     if structured is not None:
         params["structured_outputs"] = json.dumps(structured)
+    extra: dict[str, Any] = {}
     if request.vllm_xargs:
-        params["extra_args"] = {EXTRA_ARGS_KEY: request.vllm_xargs[EXTRA_ARGS_KEY]}
+        extra[EXTRA_ARGS_KEY] = request.vllm_xargs[EXTRA_ARGS_KEY]
+    if request.logit_bias:
+        # Not SamplingParams.logit_bias: Triton's backend passes that on with JSON's string keys
+        # and vLLM fails the request. The platform's logits processor applies this one on a GPU
+        # (serving.constraints.vllm_v1), the CPU engine reads it too; keys as canonical ids.
+        extra[LOGIT_BIAS_KEY] = {str(int(k)): v for k, v in request.logit_bias.items()}
+    if extra:
+        params["extra_args"] = extra
     return params
 
 

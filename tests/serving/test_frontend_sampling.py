@@ -128,6 +128,21 @@ def test_logit_bias_minus_100_on_the_greedy_token_changes_it(
     assert _tokens(client, max_tokens=1, logit_bias=banned)[0] != first
 
 
+def test_logit_bias_and_a_constraint_together(client: openai.OpenAI, tokenizer: Any) -> None:
+    """Both travel in extra_args: the bias moves the pick among the tokens the constraint
+    allows, and a token it does not allow stays out however large its bias."""
+    allowed, favoured, masked = TOKEN, TOKEN + 1, TOKEN + 2
+    completion = client.completions.create(
+        **_greedy(prompt=PROMPT, max_tokens=5),
+        logit_bias={str(favoured): 90, str(masked): 100},
+        extra_body={
+            "ignore_eos": True,
+            "vllm_xargs": {"constraint": {"allowed_tokens": [allowed, favoured]}},
+        },
+    )
+    assert completion.choices[0].text == tokenizer.decode([favoured] * 5)
+
+
 # -- penalties --------------------------------------------------------------------------------
 
 
