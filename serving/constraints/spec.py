@@ -31,6 +31,10 @@ MAX_REGEX_CHARS = 4096
 MAX_TOKEN_SET = 1_000_000
 MAX_PARTS = 16
 EXTRA_ARGS_KEY = "constraint"
+# The other ``extra_args`` key the platform's vLLM plugin reads: vLLM's ``logit_bias`` (token id
+# -> bias), which cannot travel in ``SamplingParams.logit_bias`` through Triton's vLLM backend
+# (see ``docs/compatibility.md``). Parsed by ``serving.engine.sampling_params.parse_logit_bias``.
+LOGIT_BIAS_KEY = "logit_bias"
 
 
 class ConstraintError(ValueError):

@@ -18,6 +18,13 @@ Facts from vLLM's own source this follows (0.24.0, ``vllm/v1/sample/logits_proce
   (``condense()``) moves a request into an emptied slot and leaves its old slot empty.
 - ``output_tok_ids`` in ``added`` is the request's running output list, extended in place
   every step, so it is handed to the engine uncopied and read at every ``fill``.
+
+The processor also applies ``extra_args["logit_bias"]`` (token id -> bias added to the logit),
+the way vLLM's built-in ``LogitBiasLogitsProcessor`` applies ``SamplingParams.logit_bias``: it
+is the only way a bias reaches vLLM through Triton's vLLM backend, which hands the top-level
+field over with JSON's string keys and makes vLLM fail the request (``docs/compatibility.md``).
+Both run among vLLM's non-argmax-invariant processors, before the penalties, so the sampled
+token is the same either way; a masked token stays ``-inf`` whatever its bias.
 """
 
 from __future__ import annotations
@@ -36,10 +43,13 @@ from serving.constraints.apply import apply_bitmask_, apply_bitmask_async_
 from serving.constraints.engine import Batch, Engine, bitmask_words, log_dead_rows
 from serving.constraints.spec import (
     EXTRA_ARGS_KEY,
+    LOGIT_BIAS_KEY,
     ConstraintError,
     ConstraintSpec,
     parse_constraint,
 )
+from serving.engine.sampling_params import BOTH_LOGIT_BIASES, parse_logit_bias
+from serving.engine.types import InvalidRequestError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -66,8 +76,22 @@ def constraint_of(params: SamplingParams) -> ConstraintSpec | None:
         raise ConstraintError(f"invalid constraint: {exc}") from None
 
 
+def logit_bias_of(params: SamplingParams) -> dict[int, float] | None:
+    """The request's ``extra_args["logit_bias"]`` with integer token ids, or None when it has
+    none (or an empty one). Raises ``ValueError`` naming ``logit_bias`` when it is malformed;
+    the CPU engine's parser gives the same messages."""
+    extra = params.extra_args
+    if not extra or extra.get(LOGIT_BIAS_KEY) is None:
+        return None
+    pairs = parse_logit_bias(
+        extra[LOGIT_BIAS_KEY], f"sampling_parameters.extra_args.{LOGIT_BIAS_KEY}"
+    )
+    return dict(pairs) or None
+
+
 class ConstraintLogitsProcessor(LogitsProcessor):
-    """Masks each constrained request's logits to the tokens its constraint allows."""
+    """Masks each constrained request's logits to the tokens its constraint allows, and adds
+    each biased request's ``extra_args["logit_bias"]`` to its logits."""
 
     engine: Engine
     dead_rows_total: int
@@ -142,17 +166,30 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.bitmask_np: np.ndarray = self.bitmask.numpy()
         self.dead_rows_total = 0
         self._dead: set[int] = set()
+        self._device, self._pin = torch.device(device), pin
+        # Row -> its logit bias, followed through the batch updates like vLLM's built-in
+        # processor; flattened into (rows, token ids) and biases whenever it changes.
+        self._bias: dict[int, dict[int, float]] = {}
+        self._bias_changed = False
+        self._bias_index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bias_values = torch.empty(0)
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """Refuse a bad constraint when the request is admitted (vLLM calls this in the front
-        end), so it never reaches the decode loop."""
+        """Refuse a bad constraint or logit bias when the request is admitted (vLLM calls this
+        in the front end), so it never reaches the decode loop."""
         spec = constraint_of(sampling_params)
         if spec is not None:
             try:
                 validate_spec(spec)
             except ConstraintError as exc:
                 raise ConstraintError(f"invalid constraint: {exc}") from None
+        # A malformed extra_args["logit_bias"], or one sent beside SamplingParams.logit_bias, is
+        # refused with the CPU engine's message (set means not null there too, even if empty).
+        logit_bias_of(sampling_params)
+        extra = sampling_params.extra_args or {}
+        if extra.get(LOGIT_BIAS_KEY) is not None and sampling_params.logit_bias is not None:
+            raise InvalidRequestError(BOTH_LOGIT_BIASES)
 
     def is_argmax_invariant(self) -> bool:
         """Masking changes which token is greedy-best, so vLLM must run this even for greedy."""
@@ -170,6 +207,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             return
         if batch_update is not None:
             self._update(batch_update)
+        if self._bias_changed:
+            self._flatten_bias()
         if self.batch.occupied_rows():
             self._next_buffer()
             self.batch.start_fill(self.bitmask_np)
@@ -186,23 +225,32 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.bitmask_np = self.bitmask.numpy()
 
     def _update(self, batch_update: BatchUpdate) -> None:
-        batch = self.batch
+        batch, bias = self.batch, self._bias
         for index in batch_update.removed:
             batch.remove(index)
             self._dead.discard(index)
+            if bias.pop(index, None) is not None:
+                self._bias_changed = True
         for index, params, prompt_tok_ids, output_tok_ids in batch_update.added:
             self._add(index, params, prompt_tok_ids, output_tok_ids)
         for a, b, direction in batch_update.moved:
             dead_a, dead_b = a in self._dead, b in self._dead
             self._dead.difference_update((a, b))
+            bias_a, bias_b = bias.pop(a, None), bias.pop(b, None)
             if direction == MoveDirectionality.SWAP:
                 batch.swap(a, b)
                 if dead_b:
                     self._dead.add(a)
+                if bias_b is not None:
+                    bias[a] = bias_b
             else:
                 batch.move(a, b)
             if dead_a:
                 self._dead.add(b)
+            if bias_a is not None:
+                bias[b] = bias_a
+            if bias_a is not None or bias_b is not None:
+                self._bias_changed = True
 
     def _add(
         self,
@@ -227,13 +275,76 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             self.batch.remove(index)
         else:
             self.batch.add(index, compiled, output_tok_ids, prompt_tok_ids)
+        bias = self._request_bias(index, params)
+        if bias is not None:
+            self._bias[index] = bias
+            self._bias_changed = True
+        elif self._bias.pop(index, None) is not None:  # the request it replaces had one
+            self._bias_changed = True
+
+    def _request_bias(self, index: int, params: SamplingParams) -> dict[int, float] | None:
+        """The row's bias, without the token ids outside the vocabulary.
+
+        vLLM refuses such ids for its own ``logit_bias`` when the request is admitted; this
+        processor cannot (``validate_params`` sees no vocabulary), so it drops them with an
+        error in the log rather than index past the logits."""
+        try:
+            bias = logit_bias_of(params)
+        except ValueError as exc:  # validate_params should have refused it
+            logger.error("logit_bias refused in row %d, left unbiased: %s", index, exc)
+            return None
+        if bias is None:
+            return None
+        size = self.engine.vocab.size
+        outside = sorted(t for t in bias if t >= size)
+        if outside:
+            logger.error(
+                "logit_bias token id(s) %s in row %d are outside the vocabulary (size %d); "
+                "they are ignored",
+                outside,
+                index,
+                size,
+            )
+            bias = {t: b for t, b in bias.items() if t < size}
+        return bias or None
+
+    def _flatten_bias(self) -> None:
+        """The biases as one index and one value tensor on the device, as vLLM's built-in
+        processor keeps them, rebuilt in ``update_state`` (before the forward pass)."""
+        self._bias_changed = False
+        if not self._bias:
+            self._bias_index = None
+            return
+        rows: list[int] = []
+        tokens: list[int] = []
+        values: list[float] = []
+        for row, bias in self._bias.items():
+            rows.extend([row] * len(bias))
+            tokens.extend(bias)
+            values.extend(bias.values())
+        device, pin = self._device, self._pin
+        self._bias_index = (
+            _to_device(rows, torch.long, device, pin),
+            _to_device(tokens, torch.long, device, pin),
+        )
+        self._bias_values = _to_device(values, torch.float32, device, pin)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.stands_aside:
             return logits
+        if self._bias_changed:  # apply without update_state after the last change (tests)
+            self._flatten_bias()
+        self._apply_mask(logits)
+        if self._bias_index is not None:
+            # What vLLM's built-in LogitBiasLogitsProcessor.apply does (float32 biases added to
+            # the rows' logits); a masked token stays -inf.
+            logits[self._bias_index] += self._bias_values
+        return logits
+
+    def _apply_mask(self, logits: torch.Tensor) -> None:
         rows = self.batch.occupied_rows()
         if not rows:
-            return logits
+            return
         if logits.shape[-1] > self.engine.vocab.size:
             raise ValueError(
                 f"logits are {logits.shape[-1]} wide but the constraint vocabulary has "
@@ -251,7 +362,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             # The fused kernel on CUDA (torch without triton); the copy reads self.bitmask
             # after this returns, so the buffer is left alone until its event completes.
             self._copied[self._turn] = apply_bitmask_async_(logits, self.bitmask, rows)
-        return logits
 
     def _report_dead(self, dead: list[int]) -> None:
         new = [row for row in dead if row not in self._dead]
@@ -259,6 +369,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             self._dead.update(new)
             self.dead_rows_total += len(new)
             log_dead_rows(new)
+
+
+def _to_device(
+    data: list[Any], dtype: torch.dtype, device: torch.device, pin: bool
+) -> torch.Tensor:
+    """A small host list as a tensor on ``device``, copied without blocking from pinned memory
+    when the device is a GPU (what vLLM's ``async_tensor_h2d`` does)."""
+    host = torch.tensor(data, dtype=dtype, pin_memory=pin)
+    return host.to(device, non_blocking=pin)
 
 
 def _eos_token_ids(tokenizer: Any, model_config: Any) -> list[int]:

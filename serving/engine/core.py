@@ -29,6 +29,7 @@ import torch
 
 from serving.engine.constraints import CohortMasks, CompiledConstraints, ConstraintCompiler
 from serving.engine.model import LoadedModel, load_model, read_engine_config
+from serving.engine.sampling import adjust_logits, choose
 from serving.engine.stats import EngineStats, FinishedRequest, NullStats
 from serving.engine.types import (
     Delta,
@@ -305,11 +306,19 @@ class Engine:
             )
         if options.logprobs is not None and options.logprobs > self.max_logprobs:
             raise InvalidRequestError(
-                f"logprobs must be at most {self.max_logprobs} for this model"
+                f"sampling_parameters.logprobs must be at most {self.max_logprobs} for this "
+                "model (its max_logprobs)"
             )
         vocab = self.loaded.vocab_size
         if any(t >= vocab for t in options.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
+        outside = [t for t, _ in options.logit_bias if t >= vocab]
+        if outside:
+            # vLLM's SamplingParams._validate_logit_bias refuses them too.
+            raise InvalidRequestError(
+                f"sampling_parameters.logit_bias: token id(s) {outside} are outside the "
+                f"vocabulary (size {vocab})"
+            )
         assert self.compiler is not None
         constraints = self.compiler.compile(options)
         generator = torch.Generator()
@@ -391,11 +400,9 @@ class Engine:
         raw = logits
         logits = logits.clone()
         live = cohort.live
-        for i, seq in enumerate(live):
-            if len(seq.output_ids) < seq.request.options.min_tokens:
-                banned = list(self.eos_token_ids | set(seq.request.options.stop_token_ids))
-                logits[i, banned] = -float("inf")
         cohort.masks.apply_(logits, cohort.slots)
+        # vLLM's default logprobs_mode (raw_logprobs): from the model's logits, before
+        # min_tokens, logit_bias, penalties and temperature.
         logprobs = torch.log_softmax(raw, dim=-1)
         now = time.monotonic()
         keep, latencies = [], []
@@ -433,23 +440,15 @@ class Engine:
             self._cohorts.remove(cohort)
 
     def _sample(self, seq: _Sequence, logits: torch.Tensor) -> int:
+        """``logits``: the row with the constraint masks applied; the rest is
+        :mod:`serving.engine.sampling`, in vLLM's order."""
         options = seq.request.options
+        stop_ids = self.eos_token_ids | set(options.stop_token_ids)
+        logits = adjust_logits(logits, options, seq.prompt_ids, seq.output_ids, stop_ids)
         if not torch.isfinite(logits).any():
             # Nothing is allowed (a dead constraint): end the request rather than emit noise.
             return min(self.eos_token_ids) if self.eos_token_ids else int(raw_argmax(logits))
-        if options.temperature == 0:
-            return int(torch.argmax(logits))
-        scores = logits / options.temperature
-        if options.top_k > 0 and options.top_k < scores.shape[-1]:
-            kth = torch.topk(scores, options.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, -float("inf"))
-        if options.top_p < 1:
-            ordered, order = torch.sort(scores, descending=True)
-            cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
-            drop = cumulative - torch.softmax(ordered, dim=-1) > options.top_p
-            scores = scores.scatter(0, order, ordered.masked_fill(drop, -float("inf")))
-        probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+        return choose(logits, options, seq.generator)
 
     def _top_logprobs(
         self, seq: _Sequence, logprobs: torch.Tensor, token: int

@@ -15,7 +15,10 @@ unconstrained or unpenalized output it did not ask for.
 
 The payload is vLLM's ``SamplingParams`` by field name. ``structured_outputs`` is itself a JSON
 *string* holding vLLM's ``StructuredOutputsParams`` (exactly as Triton's backend expects), and
-``extra_args`` may carry the platform's own ``{"constraint": ...}``.
+``extra_args`` may carry the platform's own ``{"constraint": ..., "logit_bias": ...}``, which the
+platform's vLLM logits processor (:mod:`serving.constraints.vllm_v1`) reads on a GPU. The OpenAI
+front end sends ``logit_bias`` there: Triton's backend hands the top-level field to vLLM with
+string keys, which vLLM refuses. The top-level field is still read here, for Triton clients.
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ import json
 import math
 from typing import Any
 
-from serving.constraints.spec import EXTRA_ARGS_KEY, ConstraintError, parse_constraint
+from serving.constraints.spec import (
+    EXTRA_ARGS_KEY,
+    LOGIT_BIAS_KEY,
+    ConstraintError,
+    parse_constraint,
+)
 from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
 
 # vLLM 0.24.0 ``SamplingParams`` fields whose annotation is in the backend's ``type_mapping``
@@ -65,19 +73,21 @@ _FALSE_STRINGS = {"false", "0"}
 
 # Keys accepted with any value the engine can act on.
 _INT = {"max_tokens", "min_tokens", "top_k", "seed", "logprobs", "n"}
-_FLOAT = {"temperature", "top_p"}
+_FLOAT = {
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+}
 _BOOL = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
 # vLLM keys accepted only at their no-op value (anything else would be silently ignored here).
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
     "prompt_logprobs": (None,),
     "detokenize": (True,),
     "spaces_between_special_tokens": (True,),
-    "logit_bias": (None, {}),
     "bad_words": (None, []),
     "allowed_token_ids": (None,),
     "truncate_prompt_tokens": (None,),
@@ -90,6 +100,11 @@ _UNSUPPORTED_OPTIONS = {"disable_additional_properties", "whitespace_pattern"}
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
 MAX_N = 16
+# Refused by this parser and by the platform's vLLM plugin alike, so no bias is dropped silently.
+BOTH_LOGIT_BIASES = (
+    "sampling_parameters.logit_bias and sampling_parameters.extra_args.logit_bias are both set; "
+    "send logit_bias once"
+)
 
 
 def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> SamplingOptions:
@@ -108,6 +123,7 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
     if not isinstance(params, dict):
         raise InvalidRequestError("sampling_parameters must be a JSON object")
     values: dict[str, Any] = {}
+    extra_bias: tuple[tuple[int, float], ...] | None = None
     for key, value in params.items():
         if key in TRITON_CONVERTED_FIELDS:
             value = convert_field(key, value)
@@ -119,6 +135,8 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
             values[key] = _bool(key, value)
         elif key == "stop":
             values["stop"] = _stop(value)
+        elif key == "logit_bias":
+            values["logit_bias"] = parse_logit_bias(value)
         elif key == "stop_token_ids":
             values["stop_token_ids"] = _token_ids(key, value)
         elif key == "structured_outputs":
@@ -129,7 +147,12 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
                 "structured_outputs (a JSON string of StructuredOutputsParams)"
             )
         elif key == "extra_args":
-            values.update(_extra_args(value))
+            extra = _extra_args(value)
+            if "logit_bias" in extra:
+                if params.get("logit_bias") is not None:
+                    raise InvalidRequestError(BOTH_LOGIT_BIASES)
+                extra_bias = extra.pop("logit_bias")
+            values.update(extra)
         elif key in _NO_OP_VALUES:
             if value not in _NO_OP_VALUES[key]:
                 raise InvalidRequestError(
@@ -137,6 +160,8 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
                 )
         else:
             raise InvalidRequestError(f"sampling_parameters.{key} is not a known parameter")
+    if extra_bias is not None:  # set after the loop: a top-level null must not clear it
+        values["logit_bias"] = extra_bias
     return _checked(SamplingOptions(**values))
 
 
@@ -203,6 +228,45 @@ def parse_structured_outputs(value: Any) -> StructuredOutput:
     raise InvalidRequestError(f"structured_outputs.{kind} is not supported by this engine")
 
 
+def parse_logit_bias(
+    value: Any, name: str = "sampling_parameters.logit_bias"
+) -> tuple[tuple[int, float], ...]:
+    """vLLM's ``logit_bias`` (token id → bias added to its logit) as sorted pairs; ``name`` is
+    where it was sent (top level, or ``extra_args``), for the messages.
+
+    JSON object keys are strings, so ``{"42": -5}`` is the only way a Triton client can send
+    it; keys must spell a token id (a non-negative integer; whether it is in the vocabulary is
+    checked when the request is admitted). Values are finite numbers, not range-checked: vLLM's
+    ``SamplingParams`` applies any bias as given (its OpenAI server clamps to [-100, 100]; this
+    platform's front end refuses values outside that range). The platform's vLLM plugin uses
+    this parser too (``validate_params``), so both engines refuse the same values."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{name} must be an object of token id to bias")
+    bias: dict[int, float] = {}
+    for key, number in value.items():
+        token = _token_key(key)
+        if token is None:
+            raise InvalidRequestError(f"{name}: key {key!r} is not a token id")
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not math.isfinite(number)
+        ):
+            raise InvalidRequestError(f"{name}[{key!r}] must be a finite number")
+        bias[token] = float(number)
+    return tuple(sorted(bias.items()))
+
+
+def _token_key(key: Any) -> int | None:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if isinstance(key, str) and key.strip().isdigit() and key.strip().isascii():
+        return int(key.strip())
+    return None
+
+
 def convert_field(key: str, value: Any) -> Any:
     """A value for a field the backend converts, as its field type; a string that does not
     spell one is refused naming the key. Values of other JSON types go on to the field's own
@@ -238,21 +302,28 @@ def convert_field(key: str, value: Any) -> Any:
 
 
 def _extra_args(value: Any) -> dict[str, Any]:
+    """The keys the platform's vLLM plugin reads from ``SamplingParams.extra_args``, as
+    :class:`SamplingOptions` fields."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InvalidRequestError("sampling_parameters.extra_args must be an object")
-    unknown = set(value) - {EXTRA_ARGS_KEY}
+    unknown = set(value) - {EXTRA_ARGS_KEY, LOGIT_BIAS_KEY}
     if unknown:
         raise InvalidRequestError(
             f"sampling_parameters.extra_args.{sorted(unknown)[0]} is not known"
         )
-    if EXTRA_ARGS_KEY not in value:
-        return {}
-    try:
-        return {"constraint": parse_constraint(value[EXTRA_ARGS_KEY])}
-    except ConstraintError as exc:
-        raise InvalidRequestError(f"extra_args.constraint: {exc}") from None
+    options: dict[str, Any] = {}
+    if value.get(LOGIT_BIAS_KEY) is not None:
+        options["logit_bias"] = parse_logit_bias(
+            value[LOGIT_BIAS_KEY], f"sampling_parameters.extra_args.{LOGIT_BIAS_KEY}"
+        )
+    if EXTRA_ARGS_KEY in value:
+        try:
+            options["constraint"] = parse_constraint(value[EXTRA_ARGS_KEY])
+        except ConstraintError as exc:
+            raise InvalidRequestError(f"extra_args.constraint: {exc}") from None
+    return options
 
 
 def _int(key: str, value: Any) -> int | None:
@@ -314,6 +385,15 @@ def _checked(options: SamplingOptions) -> SamplingOptions:
         raise InvalidRequestError("sampling_parameters.top_k must be -1, 0 or positive")
     if not 1 <= options.n <= MAX_N:
         raise InvalidRequestError(f"sampling_parameters.n must be 1..{MAX_N}")
-    if options.logprobs is not None and not 0 <= options.logprobs <= 20:
-        raise InvalidRequestError("sampling_parameters.logprobs must be 0..20")
+    # The upper bound is the model's max_logprobs, checked when the request is admitted.
+    if options.logprobs is not None and options.logprobs < 0:
+        raise InvalidRequestError("sampling_parameters.logprobs must be >= 0")
+    # vLLM's SamplingParams ranges.
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(options, name) <= 2:
+            raise InvalidRequestError(f"sampling_parameters.{name} must be in [-2, 2]")
+    if options.repetition_penalty <= 0:
+        raise InvalidRequestError("sampling_parameters.repetition_penalty must be > 0")
+    if not 0 <= options.min_p <= 1:
+        raise InvalidRequestError("sampling_parameters.min_p must be in [0, 1]")
     return options

@@ -44,6 +44,12 @@ class SamplingOptions:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
+    min_p: float = 0.0  # drop tokens below min_p times the most likely one's probability
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # (token id, bias) pairs added to the logits, one per token (vLLM's dict, made hashable).
+    logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()

@@ -14,6 +14,7 @@ engine requests.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -192,14 +193,27 @@ def _classify(message: str) -> OpenAIError:
         return engine_unavailable(f"engine: {message}")
     if "unknown model" in lowered or "not found" in lowered:
         return OpenAIError(404, f"engine: {message}", param="model", code="model_not_found")
-    return OpenAIError(400, message, code="engine_rejected")
+    return OpenAIError(400, message, param=_engine_param(message), code="engine_rejected")
+
+
+# The CPU engine and the platform's vLLM plugin name the field (``sampling_parameters.logit_bias``
+# or ``sampling_parameters.extra_args.logit_bias: ...``); vLLM's own validation says e.g.
+# ``token_id(s) [..] in logit_bias contain out-of-vocab token ids``.
+_ENGINE_PARAM = re.compile(r"sampling_parameters\.(?:extra_args\.)?(\w+)|\bin (logit_bias)\b")
+
+
+def _engine_param(message: str) -> str | None:
+    """The request field an engine refusal names, when it names one (what only the engine
+    can check, such as logit_bias token ids outside the vocabulary)."""
+    match = _ENGINE_PARAM.search(message)
+    return (match.group(1) or match.group(2)) if match else None
 
 
 def _from_rpc(exc: grpc.RpcError) -> OpenAIError:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return OpenAIError(400, details, code="engine_rejected")
+        return OpenAIError(400, details, param=_engine_param(details), code="engine_rejected")
     if code == grpc.StatusCode.NOT_FOUND:
         return OpenAIError(404, details, param="model", code="model_not_found")
     return engine_unavailable(f"engine unreachable over KServe gRPC: {details}")

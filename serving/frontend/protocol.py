@@ -10,7 +10,7 @@ monitoring, never as something that changes the output, and common SDKs send it 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,10 +108,14 @@ class _SamplingRequest(_Strict):
     stop_token_ids: list[int] | None = None
     structured_outputs: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
+    # Penalties and biases, by OpenAI's ranges (repetition_penalty and min_p are vLLM's, with
+    # vLLM's ranges); logit_bias keys are checked to be token ids in translate.check_supported.
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # Known OpenAI parameters refused unless at their no-op value.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
@@ -121,7 +125,8 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # Up to the model's max_logprobs (vLLM's default 20), which the engine checks.
+    top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -138,7 +143,7 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0)  # up to the model's max_logprobs
     # Refused unless at their no-op value.
     best_of: int | None = None
     suffix: str | None = None

@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 
 from serving.constraints.json_schema import as_grammar_params
-from serving.constraints.spec import EXTRA_ARGS_KEY
+from serving.constraints.spec import EXTRA_ARGS_KEY, LOGIT_BIAS_KEY
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import InvalidRequestError
 from serving.frontend.errors import OpenAIError, bad_request, unsupported
@@ -35,6 +35,9 @@ from serving.frontend.tools import check_tools, forced_schema
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 SEED_MODULUS = 2**63
+# Sent under their vLLM SamplingParams names, as given (protocol.py checks their ranges).
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+_TOKEN_ID = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def sampling_parameters(
     """vLLM ``SamplingParams`` fields by name, only those the request set (and ``max_tokens``,
     which Triton's front end also always sends, as vLLM's default of 16 would be implicit)."""
     params: dict[str, Any] = {"max_tokens": max_tokens(request, default_max_tokens)}
-    for key in ("temperature", "top_p", "top_k", "min_tokens"):
+    for key in ("temperature", "top_p", "top_k", "min_tokens", *PENALTY_FIELDS):
         value = getattr(request, key)
         if value is not None:
             params[key] = value
@@ -97,8 +100,16 @@ def sampling_parameters(
     structured = structured_outputs(request)
     if structured is not None:
         params["structured_outputs"] = json.dumps(structured)
+    extra: dict[str, Any] = {}
     if request.vllm_xargs:
-        params["extra_args"] = {EXTRA_ARGS_KEY: request.vllm_xargs[EXTRA_ARGS_KEY]}
+        extra[EXTRA_ARGS_KEY] = request.vllm_xargs[EXTRA_ARGS_KEY]
+    if request.logit_bias:
+        # Not SamplingParams.logit_bias: Triton's backend passes that on with JSON's string keys
+        # and vLLM fails the request. The platform's logits processor applies this one on a GPU
+        # (serving.constraints.vllm_v1), the CPU engine reads it too; keys as canonical ids.
+        extra[LOGIT_BIAS_KEY] = {str(int(k)): v for k, v in request.logit_bias.items()}
+    if extra:
+        params["extra_args"] = extra
     return params
 
 
@@ -201,11 +212,12 @@ def _choice_name(request: ChatCompletionRequest) -> str:
 
 def check_supported(request: GenerationRequest) -> None:
     """Refuse, by name, every known parameter set to something the platform would not honour."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, name) not in (None, 0):
-            raise unsupported(name, "is not supported by this platform (only 0)")
-    if request.logit_bias:
-        raise unsupported("logit_bias")
+    for key in request.logit_bias or {}:
+        if not _TOKEN_ID.fullmatch(key):
+            raise bad_request(
+                f"logit_bias: key {key!r} is not a token id (a non-negative integer)",
+                "logit_bias",
+            )
     if request.store:
         raise unsupported("store", "is not supported: completions are never stored")
     if request.metadata:

@@ -10,7 +10,9 @@ earlier outputs, and chunked prefills keep a request's output list empty for sev
 Placeholders are filled in either before ``update_state`` or, as vLLM 0.24's async scheduling
 does (``_sample``), between ``update_state`` and ``apply``: after the processor has started its
 background fill. After every ``apply`` each row's -inf pattern must equal a fresh reference constraint fed the
-row's true generated tokens, and unconstrained rows must be untouched.
+row's true generated tokens, and every logit that is not masked must equal what vLLM's built-in
+``LogitBiasLogitsProcessor``, fed the same updates with the bias as ``SamplingParams.logit_bias``,
+makes of it (unbiased, unconstrained rows are untouched).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from vllm.v1.sample.logits_processor import (
     LogitsProcessor,
     MoveDirectionality,
 )
+from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
 
 from serving.constraints.reference import ReferenceEngine
 from serving.constraints.spec import ConstraintError, ConstraintSpec, parse_constraint
 from serving.constraints.vllm_v1 import FQCN, ConstraintLogitsProcessor
 from serving.constraints.vocab import Vocabulary
+from serving.engine.sampling_params import parse_sampling_parameters
+from serving.engine.types import InvalidRequestError
 from tests.constraints.helpers import ENGINE_CLASSES
 
 TOKENS = [
@@ -76,6 +81,33 @@ CONSTRAINTS: list[Any] = [
 ]
 
 
+@pytest.fixture
+def builtin_bias(monkeypatch: pytest.MonkeyPatch) -> LogitBiasLogitsProcessor:
+    """vLLM's own logit-bias processor on CPU. vLLM decides at import to pin host memory (it
+    assumes an accelerator); CPU torch has no pinned allocator, so that switch is turned off."""
+    import vllm.utils.torch_utils as torch_utils
+
+    monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
+    return LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+
+
+def twin_update(update: BatchUpdate | None, twins: dict[int, SamplingParams]) -> Any:
+    """The same update for vLLM's built-in processor, each request's params replaced by its
+    twin: the bias as ``SamplingParams.logit_bias`` (integer keys) instead of in extra_args."""
+    if update is None:
+        return None
+    added = [(i, twins[id(params)], prompt, out) for i, params, prompt, out in update.added]
+    return BatchUpdate(update.batch_size, update.removed, added, update.moved)
+
+
+def biased(bias: dict[int, float] | None, **extra: Any) -> tuple[SamplingParams, SamplingParams]:
+    """A request's params as the front end sends them (bias in extra_args, string keys, as JSON
+    makes them) and its twin for vLLM's built-in processor."""
+    if bias is not None:
+        extra["logit_bias"] = {str(t): b for t, b in bias.items()}
+    return SamplingParams(extra_args=extra or None), SamplingParams(logit_bias=bias)
+
+
 class Oracle:
     """What a row may sample: a fresh reference constraint fed the true tokens (docs rule for
     dead rows: nothing allowed, or a dead state, means only EOS)."""
@@ -108,6 +140,7 @@ class Request:
     placeholder: bool = False  # output[-1] is an async -1 to fill in before the next step
     fed: int = -1  # len(output) at the last apply, -1 before the first
     finished: bool = False
+    twin: SamplingParams = field(default_factory=SamplingParams)  # for vLLM's built-in bias
 
     @property
     def truth(self) -> list[int]:
@@ -118,8 +151,16 @@ class Request:
 class Simulator:
     """vLLM's persistent batch, reduced to what logits processors observe."""
 
-    def __init__(self, proc: ConstraintLogitsProcessor, rng: random.Random, max_rows: int):
+    def __init__(
+        self,
+        proc: ConstraintLogitsProcessor,
+        rng: random.Random,
+        max_rows: int,
+        builtin: LogitBiasLogitsProcessor,
+    ):
         self.proc = proc
+        self.builtin = builtin
+        self.twins: dict[int, SamplingParams] = {}
         self.rng = rng
         self.late_placeholders = rng.random() < 0.5
         self.max_rows = max_rows
@@ -128,16 +169,22 @@ class Simulator:
         self.oracle = Oracle()
         self.waiting: list[Request] = []  # preempted, to be resumed
         self.checked_rows = 0
+        self.checked_biased_rows = 0
 
     def new_request(self) -> Request:
         choice = self.rng.choice([*CONSTRAINTS, None, None, None])
-        extra = None if choice is None else {"constraint": choice}
+        extra: dict[str, Any] = {} if choice is None else {"constraint": choice}
         if choice is None and self.rng.random() < 0.5:
             extra = {"other": 1}
-        params = SamplingParams(extra_args=extra)
+        bias = None
+        if self.rng.random() < 0.4:  # any token, padding ids and masked ones included
+            tokens = self.rng.sample(range(VOCAB.size), self.rng.randint(1, 4))
+            bias = {t: self.rng.choice([-100.0, -2.5, 0.0, 1.25, 100.0]) for t in tokens}
+        params, twin = biased(bias, **extra)
+        self.twins[id(params)] = twin
         spec = None if choice is None else parse_constraint(choice)
         prompt = [self.rng.randrange(len(TOKENS)) for _ in range(self.rng.randint(1, 4))]
-        return Request(params, spec, prompt, prefill_left=self.rng.choice([0, 0, 1, 3]))
+        return Request(params, spec, prompt, prefill_left=self.rng.choice([0, 0, 1, 3]), twin=twin)
 
     def step(self) -> None:
         rng = self.rng
@@ -176,6 +223,7 @@ class Simulator:
         update = self.builder.get_and_reset(n)
         assert update is None or isinstance(update, BatchUpdate)
         self.proc.update_state(update)
+        self.builtin.update_state(twin_update(update, self.twins))
         if self.late_placeholders:
             self.fill_placeholders()
         self.apply_and_check()
@@ -291,20 +339,24 @@ class Simulator:
         n = self.num_reqs()
         logits = torch.randn(n, VOCAB.size)
         before = logits.clone()
+        expected = self.builtin.apply(logits.clone())  # vLLM's own bias, no mask
         out = self.proc.apply(logits)
         assert out is logits
         for row, req in enumerate(self.slots):
             assert req is not None
+            if req.twin.logit_bias is None:
+                assert torch.equal(expected[row], before[row])
             if req.spec is None:
-                assert torch.equal(logits[row], before[row]), f"unconstrained row {row} changed"
+                assert torch.equal(logits[row], expected[row]), f"unconstrained row {row}"
                 allowed = set(range(len(TOKENS)))
             else:
                 allowed = self.oracle.allowed(req.spec, req.truth)
                 finite = torch.isfinite(logits[row])
                 got = {int(t) for t in finite.nonzero().flatten()}
                 assert got == allowed, (row, req.spec, req.truth, req.output, req.prompt)
-                assert torch.equal(logits[row][finite], before[row][finite])
+                assert torch.equal(logits[row][finite], expected[row][finite])
             self.checked_rows += 1
+            self.checked_biased_rows += req.twin.logit_bias is not None
             req.fed = len(req.output) - int(req.placeholder)
             if req.prefill_left:  # chunked prefill: the sampled token is thrown away
                 req.prefill_left -= 1
@@ -322,14 +374,15 @@ class Simulator:
 
 @pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 @pytest.mark.parametrize("seed", range(int(os.environ.get("ADAPTER_SEEDS", 12))))
-def test_masks_follow_vllm_batch_updates_and_live_lists(engine_cls, seed):
+def test_masks_follow_vllm_batch_updates_and_live_lists(engine_cls, seed, builtin_bias):
     rng = random.Random(seed)
     max_rows = rng.choice([1, 3, 8])
     proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), max_rows)
-    sim = Simulator(proc, rng, max_rows)
+    sim = Simulator(proc, rng, max_rows, builtin_bias)
     for _ in range(60):
         sim.step()
-    assert sim.checked_rows > 0
+    assert sim.checked_biased_rows > 0
+    assert sim.checked_rows > sim.checked_biased_rows
 
 
 @pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
@@ -391,6 +444,130 @@ def test_removed_then_added_then_moved(engine_cls):
         {int(t) for t in torch.isfinite(logits[row]).nonzero().flatten()} for row in range(3)
     ]
     assert allowed == [{IDS[b"c"], EOS}, {IDS[b"b"], EOS}, set(range(VOCAB.size))]
+
+
+def bias_of(logits: torch.Tensor) -> list[dict[int, float]]:
+    """Each row's non-zero logits (inputs are zeros, so what was added)."""
+    return [{int(t): float(row[t]) for t in row.nonzero().flatten()} for row in logits]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
+def test_bias_follows_its_request_through_adds_moves_swaps_and_removals(engine_cls, builtin_bias):
+    """Each step's update goes to this processor (bias in extra_args) and to vLLM's built-in
+    one (the same bias as SamplingParams.logit_bias); both must bias the same rows."""
+    proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 4)
+    twins: dict[int, SamplingParams] = {}
+
+    def request(bias: dict[int, float] | None) -> SamplingParams:
+        params, twin = biased(bias)
+        twins[id(params)] = twin
+        return params
+
+    b1, b2, b3, b4 = {1: 5.0}, {2: -3.0, 4: 0.5}, {3: 7.0}, {5: -100.0}
+    steps = [
+        # Four requests, one unbiased.
+        (
+            BatchUpdate(
+                4, [], [(i, request(b), None, []) for i, b in enumerate([b1, None, b2, b3])], []
+            ),
+            [b1, {}, b2, b3],
+        ),
+        # Row 1 finishes; condense() moves row 3 down into it.
+        (
+            BatchUpdate(3, [1], [], [(3, 1, MoveDirectionality.UNIDIRECTIONAL)]),
+            [b1, b3, b2],
+        ),
+        # A reorder swaps rows 0 and 2.
+        (BatchUpdate(3, [], [], [(0, 2, MoveDirectionality.SWAP)]), [b2, b3, b1]),
+        # Row 0 finishes and an unbiased request takes its slot; a new biased one is appended.
+        (
+            BatchUpdate(4, [0], [(0, request(None), None, []), (3, request(b4), None, [])], []),
+            [{}, b3, b1, b4],
+        ),
+        # A swap between a biased and an unbiased row, then a move into the emptied slot 2.
+        (
+            BatchUpdate(
+                3,
+                [2],
+                [],
+                [(3, 0, MoveDirectionality.SWAP), (3, 2, MoveDirectionality.UNIDIRECTIONAL)],
+            ),
+            [b4, b3, {}],
+        ),
+        # Nothing changes: the biases stay where they are.
+        (None, [b4, b3, {}]),
+        # Everything finishes: nothing is biased any more.
+        (BatchUpdate(0, [0, 1, 2], [], []), []),
+    ]
+    for update, expected in steps:
+        proc.update_state(update)
+        builtin_bias.update_state(twin_update(update, twins))
+        logits = torch.zeros(len(expected), VOCAB.size)
+        assert proc.apply(logits) is logits
+        assert bias_of(logits) == [{t: b for t, b in row.items() if b} for row in expected]
+        assert torch.equal(logits, builtin_bias.apply(torch.zeros_like(logits)))
+    # A row added after everything left starts from scratch.
+    proc.update_state(BatchUpdate(1, [], [(0, request(b1), None, [])], []))
+    logits = torch.zeros(1, VOCAB.size)
+    proc.apply(logits)
+    assert bias_of(logits) == [b1]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
+def test_bias_adds_to_what_the_constraint_allows_and_masked_tokens_stay_masked(engine_cls):
+    proc = ConstraintLogitsProcessor.for_engine(engine_cls(VOCAB), 3)
+    a, b, c = IDS[b"a"], IDS[b"b"], IDS[b"c"]
+    both, _ = biased(
+        {a: 2.0, c: 100.0, EOS: -1.5, SPECIAL: 50.0},
+        constraint={"allowed_tokens": [a, b]},
+    )
+    # Dead from the start: only EOS is allowed, and its bias still applies.
+    dead, _ = biased({EOS: 3.0, a: 100.0}, constraint=CONSTRAINTS[9])
+    # Constrained, unbiased; next to it, biased rows must not leak into it.
+    plain = SamplingParams(extra_args={"constraint": {"allowed_tokens": [a, c]}})
+    proc.update_state(
+        BatchUpdate(3, [], [(0, both, None, []), (1, dead, None, []), (2, plain, None, [])], [])
+    )
+    logits = torch.randn(3, VOCAB.size)
+    before = logits.clone()
+    proc.apply(logits)
+    finite = [{int(t) for t in torch.isfinite(row).nonzero().flatten()} for row in logits]
+    assert finite == [{a, b, EOS}, {EOS}, {a, c, EOS}]
+    assert logits[0, a] == before[0, a] + 2.0 and logits[0, b] == before[0, b]
+    assert logits[0, EOS] == before[0, EOS] - 1.5
+    assert logits[0, c] == -torch.inf and logits[0, SPECIAL] == -torch.inf
+    assert logits[1, EOS] == before[1, EOS] + 3.0 and logits[1, a] == -torch.inf
+    assert torch.equal(logits[2, [a, c, EOS]], before[2, [a, c, EOS]])
+
+
+def test_bias_ids_outside_the_vocabulary_are_dropped_and_logged(caplog):
+    """vLLM refuses such ids for SamplingParams.logit_bias at admission; validate_params sees no
+    vocabulary, so the processor applies the rest and says why it left some out."""
+    proc = ConstraintLogitsProcessor.for_engine(ReferenceEngine(VOCAB), 2)
+    params, _ = biased({3: 1.0, VOCAB.size - 1: 2.0, VOCAB.size: 5.0, 10**9: 1.0})
+    only_outside, _ = biased({VOCAB.size + 1: 1.0})
+    with caplog.at_level(logging.ERROR, logger="serving.constraints"):
+        proc.update_state(
+            BatchUpdate(2, [], [(0, params, None, []), (1, only_outside, None, [])], [])
+        )
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(f"[{VOCAB.size}, {10**9}]" in m and "row 0" in m for m in messages)
+    assert any(f"[{VOCAB.size + 1}]" in m and "row 1" in m for m in messages)
+    logits = torch.zeros(2, VOCAB.size)
+    proc.apply(logits)
+    assert bias_of(logits) == [{3: 1.0, VOCAB.size - 1: 2.0}, {}]
+
+
+def test_a_malformed_bias_that_got_past_validation_leaves_the_row_unbiased(caplog):
+    proc = ConstraintLogitsProcessor.for_engine(ReferenceEngine(VOCAB), 2)
+    bad = SamplingParams(extra_args={"logit_bias": {"x": 1}})
+    good, _ = biased({4: 1.0})
+    with caplog.at_level(logging.ERROR, logger="serving.constraints"):
+        proc.update_state(BatchUpdate(2, [], [(0, bad, None, []), (1, good, None, [])], []))
+    assert any("logit_bias refused in row 0" in r.getMessage() for r in caplog.records)
+    logits = torch.zeros(2, VOCAB.size)
+    proc.apply(logits)
+    assert bias_of(logits) == [{}, {4: 1.0}]
 
 
 @pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
@@ -464,6 +641,63 @@ def test_validate_params_accepts_good_constraints(extra_args):
     ConstraintLogitsProcessor.validate_params(SamplingParams(extra_args=extra_args))
 
 
+@pytest.mark.parametrize(
+    "bias",
+    [
+        [1, 2],
+        "{}",
+        {"cat": 1},
+        {"-3": 1},
+        {"1.5": 1},
+        {"7": "5"},
+        {"7": True},
+        {"7": float("inf")},
+    ],
+)
+def test_validate_params_refuses_a_malformed_bias_as_the_cpu_engine_does(bias):
+    with pytest.raises(InvalidRequestError) as cpu:
+        parse_sampling_parameters({"extra_args": {"logit_bias": bias}})
+    with pytest.raises(ValueError) as gpu:
+        ConstraintLogitsProcessor.validate_params(SamplingParams(extra_args={"logit_bias": bias}))
+    assert str(gpu.value) == str(cpu.value)
+    assert str(gpu.value).startswith("sampling_parameters.extra_args.logit_bias")
+
+
+@pytest.mark.parametrize("top_level", [{5: 1.0}, {}])
+def test_validate_params_refuses_both_logit_biases_as_the_cpu_engine_does(top_level):
+    """SamplingParams.logit_bias (set by a Triton client) and extra_args.logit_bias (the front
+    end's) at once: neither is dropped silently, both engines refuse with the same message."""
+    params = SamplingParams(logit_bias=top_level, extra_args={"logit_bias": {"6": 2}})
+    with pytest.raises(ValueError) as gpu:
+        ConstraintLogitsProcessor.validate_params(params)
+    with pytest.raises(InvalidRequestError) as cpu:
+        parse_sampling_parameters(
+            {
+                "logit_bias": {str(t): b for t, b in top_level.items()},
+                "extra_args": {"logit_bias": {"6": 2}},
+            }
+        )
+    assert str(gpu.value) == str(cpu.value)
+    assert "both set" in str(gpu.value)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(extra_args={"logit_bias": {"6": 2, "0": -100.0}}),
+        SamplingParams(extra_args={"logit_bias": {}}),
+        SamplingParams(extra_args={"logit_bias": None}),
+        SamplingParams(logit_bias={6: 2.0}),
+        SamplingParams(logit_bias={6: 2.0}, extra_args={"logit_bias": None}),
+        SamplingParams(
+            extra_args={"logit_bias": {"6": 2}, "constraint": {"choice": ["red", "green"]}}
+        ),
+    ],
+)
+def test_validate_params_accepts_one_logit_bias(params):
+    ConstraintLogitsProcessor.validate_params(params)
+
+
 def test_vllm_finds_the_plugin_through_its_entry_point():
     """Needs ``pip install -e .`` after the entry point was added to pyproject.toml."""
     points = importlib.metadata.entry_points(group="vllm.logits_processors")
@@ -480,6 +714,10 @@ def test_vllm_finds_the_plugin_through_its_entry_point():
     bad = SamplingParams(extra_args={"constraint": {"regex": "(?<=a)"}})
     with pytest.raises(ValueError, match="invalid constraint"):
         validate_logits_processors_parameters(None, bad)
+    validate_logits_processors_parameters(None, SamplingParams(extra_args={"logit_bias": {"1": 2}}))
+    both = SamplingParams(logit_bias={1: 2.0}, extra_args={"logit_bias": {"1": 2}})
+    with pytest.raises(ValueError, match="both set"):
+        validate_logits_processors_parameters(None, both)
 
 
 def vllm_config(tokenizer_path: str, *, async_scheduling: bool, named: list[Any]) -> Any:
@@ -557,6 +795,16 @@ def test_a_second_instance_for_the_same_engine_stands_aside(tokenizer_path):
     assert second.apply(logits) is logits and bool(torch.isfinite(logits).all())
     first.apply(logits)
     assert not bool(torch.isfinite(logits).all())
+    # The copy that stands aside does not add a bias either; only the working one does.
+    params, _ = biased({5: 2.0})
+    update = BatchUpdate(1, [], [(0, params, None, [])], [])
+    first.update_state(update)
+    second.update_state(update)
+    logits = torch.zeros(1, 300)
+    second.apply(logits)
+    assert not logits.any()
+    first.apply(logits)
+    assert bias_of(logits) == [{5: 2.0}]
     other = ConstraintLogitsProcessor(
         vllm_config(tokenizer_path, async_scheduling=True, named=[FQCN]), torch.device("cpu"), False
     )

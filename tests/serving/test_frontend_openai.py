@@ -318,8 +318,8 @@ def test_structured_outputs_request_field(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"one": 5}}, "logit_bias"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "structural_tag"}}, "response_format.type"),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from serving.constraints.json_schema import json_object_grammar, json_schema_grammar
-from serving.engine.sampling_params import parse_sampling_parameters
+from serving.engine.sampling_params import BOTH_LOGIT_BIASES, parse_sampling_parameters
 from serving.frontend.errors import OpenAIError
+from serving.frontend.kserve_client import _classify
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.frontend.translate import build_payload, check_embedding
 
@@ -147,12 +148,58 @@ def test_logprobs_and_echo_map_to_the_tensor_contract() -> None:
     assert json.loads(legacy.sampling_parameters)["max_tokens"] == 5
 
 
+def test_penalties_min_p_and_logit_bias_travel_under_vllm_names() -> None:
+    fields: dict[str, Any] = {"presence_penalty": 0.5, "frequency_penalty": -1, "min_p": 0.1}
+    fields |= {"repetition_penalty": 1.2, "logit_bias": {"5": 1.0, "007": -100}}
+    for request in (chat(**fields), completion(**fields)):
+        sent = json.loads(build_payload(request, default_max_tokens=4).sampling_parameters)
+        assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == -1
+        assert sent["repetition_penalty"] == 1.2 and sent["min_p"] == 0.1
+        # JSON object keys are strings; sent as canonical decimal token ids, in extra_args.
+        assert sent["extra_args"] == {"logit_bias": {"5": 1.0, "7": -100}}
+    plain = json.loads(build_payload(chat(), default_max_tokens=4).sampling_parameters)
+    assert not set(plain) & {
+        "presence_penalty",
+        "min_p",
+        "logit_bias",
+        "repetition_penalty",
+        "extra_args",
+    }
+
+
+def test_logit_bias_travels_in_extra_args_never_as_the_top_level_field() -> None:
+    """Triton's vLLM backend hands a top-level ``logit_bias`` to vLLM with JSON's string keys
+    and vLLM fails the request, so the bias goes where the platform's own logits processor
+    reads it, next to the constraint, and the engine's parser reads it back as the bias."""
+    constraint = '{"choice": ["red", "green"]}'
+    for request in (
+        chat(logit_bias={"11": 5, "3": -100.0}, vllm_xargs={"constraint": constraint}),
+        completion(logit_bias={"11": 5, "3": -100.0}, vllm_xargs={"constraint": constraint}),
+    ):
+        text = build_payload(request, default_max_tokens=4).sampling_parameters
+        sent = json.loads(text)
+        assert "logit_bias" not in sent
+        assert sent["extra_args"] == {
+            "constraint": constraint,
+            "logit_bias": {"11": 5.0, "3": -100.0},
+        }
+        options = parse_sampling_parameters(text)
+        assert options.logit_bias == ((3, -100.0), (11, 5.0))
+        assert options.constraint is not None
+    # Without a bias, extra_args carries only the constraint, as before.
+    sent = json.loads(
+        build_payload(
+            chat(vllm_xargs={"constraint": constraint}), default_max_tokens=4
+        ).sampling_parameters
+    )
+    assert sent["extra_args"] == {"constraint": constraint}
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": -1}, "frequency_penalty"),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"five": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"+5": 1.0}}, "logit_bias"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
             "tools[0].function.parameters",
@@ -229,3 +276,25 @@ def test_embedding_inputs() -> None:
         with pytest.raises(OpenAIError) as info:
             check_embedding(EmbeddingRequest.model_validate({"model": "e", "input": "x", **fields}))
         assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ("sampling_parameters.extra_args.logit_bias: key 'x' is not a token id", "logit_bias"),
+        ("sampling_parameters.extra_args.logit_bias['7'] must be a finite number", "logit_bias"),
+        (BOTH_LOGIT_BIASES, "logit_bias"),
+        (
+            "sampling_parameters.logit_bias: token id(s) [600] are outside the vocabulary "
+            "(size 512)",
+            "logit_bias",
+        ),
+        ("token_id(s) [600] in logit_bias contain out-of-vocab token ids", "logit_bias"),
+        ("sampling_parameters.min_p must be in [0, 1]", "min_p"),
+        ("the prompt is 9000 tokens; this model's context is 4096 tokens", None),
+    ],
+)
+def test_engine_refusals_name_the_openai_field(message: str, param: str | None) -> None:
+    """The bias travels in extra_args, but a refusal of it names the field the caller sent."""
+    error = _classify(message)
+    assert (error.status, error.param) == (400, param)

@@ -56,12 +56,86 @@ def test_the_platform_constraint_travels_in_extra_args() -> None:
     assert parse_sampling_parameters(payload).constraint == Choice(("x", "y"))
 
 
+def test_logit_bias_is_read_from_extra_args_too() -> None:
+    """The OpenAI front end sends logit_bias in extra_args (Triton's backend would hand the
+    top-level field to vLLM with string keys); Triton clients may still send it at the top."""
+    bias = {"42": -100, "7": 2.5, "0": 0}
+    expected = ((0, 0.0), (7, 2.5), (42, -100.0))
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": bias}}).logit_bias == expected
+    assert parse_sampling_parameters({"logit_bias": bias}).logit_bias == expected
+    both = parse_sampling_parameters(
+        json.dumps({"extra_args": {"constraint": {"choice": ["x"]}, "logit_bias": {"3": 1}}})
+    )
+    assert both.logit_bias == ((3, 1.0),) and both.constraint == Choice(("x",))
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": None}}).logit_bias == ()
+    assert parse_sampling_parameters({"extra_args": {"logit_bias": {}}}).logit_bias == ()
+    # A top-level null is no bias, wherever it comes in the object: the extra_args one stands.
+    for payload in (
+        {"extra_args": {"logit_bias": {"3": 1}}, "logit_bias": None},
+        {"logit_bias": None, "extra_args": {"logit_bias": {"3": 1}}},
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": None}},
+        {"extra_args": {"constraint": {"choice": ["x"]}}, "logit_bias": {"3": 1}},
+    ):
+        assert parse_sampling_parameters(json.dumps(payload)).logit_bias == ((3, 1.0),), payload
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": {"4": 1}}},
+        {"extra_args": {"logit_bias": {"4": 1}}, "logit_bias": {"3": 1}},
+        {"logit_bias": {}, "extra_args": {"logit_bias": {"4": 1}}},
+        {"extra_args": {"logit_bias": {}}, "logit_bias": {"3": 1}},
+        {"logit_bias": {"3": 1}, "extra_args": {"logit_bias": {"3": 1}}},
+    ],
+)
+def test_logit_bias_at_the_top_and_in_extra_args_at_once_is_refused(payload) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_sampling_parameters(json.dumps(payload))
+    assert str(info.value) == (
+        "sampling_parameters.logit_bias and sampling_parameters.extra_args.logit_bias are both "
+        "set; send logit_bias once"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bias", "message"),
+    [
+        ([1, 2], "extra_args.logit_bias must be an object of token id to bias"),
+        ({"cat": 1}, "extra_args.logit_bias: key 'cat' is not a token id"),
+        ({"-3": 1}, "extra_args.logit_bias: key '-3' is not a token id"),
+        ({"1.5": 1}, "extra_args.logit_bias: key '1.5' is not a token id"),
+        ({"7": "5"}, "extra_args.logit_bias\\['7'\\] must be a finite number"),
+        ({"7": None}, "extra_args.logit_bias\\['7'\\] must be a finite number"),
+    ],
+)
+def test_a_bad_logit_bias_in_extra_args_is_refused_by_its_name(bias, message) -> None:
+    """The same messages as the top-level field's, naming where the bias was sent."""
+    with pytest.raises(InvalidRequestError, match="^sampling_parameters." + message):
+        parse_sampling_parameters(json.dumps({"extra_args": {"logit_bias": bias}}))
+    top = message.replace("extra_args.", "")
+    with pytest.raises(InvalidRequestError, match="^sampling_parameters." + top):
+        parse_sampling_parameters(json.dumps({"logit_bias": bias}))
+
+
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
         ("not json", "not valid JSON"),
         ("[]", "JSON object"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty must be in \\[-2, 2\\]"),
+        ({"presence_penalty": "-2.1"}, "presence_penalty must be in \\[-2, 2\\]"),
+        ({"repetition_penalty": 0}, "repetition_penalty must be > 0"),
+        ({"repetition_penalty": "inf"}, "repetition_penalty='inf' is not a finite number"),
+        ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
+        ({"min_p": "lots"}, "min_p='lots' is not a number"),
+        ({"logit_bias": [1, 2]}, "logit_bias must be an object"),
+        ({"logit_bias": {"cat": 1}}, "logit_bias: key 'cat' is not a token id"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias: key '-3' is not a token id"),
+        ({"logit_bias": {"1.5": 1}}, "logit_bias: key '1.5' is not a token id"),
+        ({"logit_bias": {"7": "5"}}, "logit_bias\\['7'\\] must be a finite number"),
+        ({"logit_bias": {"7": True}}, "logit_bias\\['7'\\] must be a finite number"),
+        ({"logprobs": -1}, "logprobs must be >= 0"),
         ({"n": 0}, "sampling_parameters.n"),
         ({"n": "2.5"}, "n='2.5' is not an integer"),
         ({"temperature": "hot"}, "temperature='hot' is not a number"),
@@ -69,10 +143,8 @@ def test_the_platform_constraint_travels_in_extra_args() -> None:
         ({"top_k": 2.5}, "top_k must be an integer"),
         ({"ignore_eos": "no"}, "ignore_eos='no' is not a boolean"),
         ({"ignore_eos": 2}, "ignore_eos must be true or false"),
-        ({"presence_penalty": "0.5"}, "presence_penalty=0.5 is not supported"),
         ({"max_tokens": None}, "max_tokens must be an integer"),
         ({"skip_clone": "true"}, "skip_clone is not a known parameter"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"temprature": 0.5}, "temprature is not a known parameter"),
         ({"guided_decoding": "{}"}, "structured_outputs"),
         ({"max_tokens": 0}, "max_tokens"),
@@ -99,6 +171,46 @@ def test_what_cannot_be_honoured_is_refused_by_name(payload, message) -> None:
     raw = payload if isinstance(payload, str) else json.dumps(payload)
     with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(")):
         parse_sampling_parameters(raw)
+
+
+def test_penalties_min_p_and_logit_bias_are_read_by_name() -> None:
+    options = parse_sampling_parameters(
+        json.dumps(
+            {
+                "presence_penalty": 0.5,
+                "frequency_penalty": -1,
+                "repetition_penalty": 1.3,
+                "min_p": 0.05,
+                "logit_bias": {"42": -100, "7": 2.5, "0": 0},
+            }
+        )
+    )
+    assert options.presence_penalty == 0.5 and options.frequency_penalty == -1.0
+    assert options.repetition_penalty == 1.3 and options.min_p == 0.05
+    # JSON keys are strings; the engine holds token ids, sorted, one bias each.
+    assert options.logit_bias == ((0, 0.0), (7, 2.5), (42, -100.0))
+    assert parse_sampling_parameters({"logit_bias": None}).logit_bias == ()
+    assert parse_sampling_parameters({"logit_bias": {}}).logit_bias == ()
+    # The bounds are vLLM's, inclusive where vLLM's are.
+    bounds = {"presence_penalty": 2, "frequency_penalty": -2, "min_p": 1}
+    assert parse_sampling_parameters(bounds).min_p == 1.0
+    assert parse_sampling_parameters({"repetition_penalty": 1e-3}).repetition_penalty == 1e-3
+    assert parse_sampling_parameters({"logprobs": 50}).logprobs == 50  # the model caps it
+
+
+def test_penalty_strings_convert_as_tritons_clients_send_them() -> None:
+    options = parse_sampling_parameters(
+        json.dumps(
+            {
+                "presence_penalty": "0.5",
+                "frequency_penalty": "-0.25",
+                "repetition_penalty": "1.2",
+                "min_p": "0.1",
+            }
+        )
+    )
+    assert options.presence_penalty == 0.5 and options.frequency_penalty == -0.25
+    assert options.repetition_penalty == 1.2 and options.min_p == 0.1
 
 
 def test_strings_convert_by_the_vllm_field_type_as_tritons_backend_does() -> None:
@@ -199,6 +311,8 @@ def test_converted_values_match_vllms_own_sampling_params() -> None:
     sampling = pytest.importorskip("vllm.sampling_params")
     payload = {"temperature": "0.25", "top_p": "0.5", "top_k": "3", "max_tokens": "9"}
     payload |= {"min_tokens": "2", "seed": "11", "n": "3", "logprobs": "2"}
+    payload |= {"presence_penalty": "0.5", "frequency_penalty": "-0.5"}
+    payload |= {"repetition_penalty": "1.2", "min_p": "0.1"}
     converted = {k: TRITON_CONVERTED_FIELDS[k](v) for k, v in payload.items()}
     theirs = sampling.SamplingParams(**converted)
     ours = parse_sampling_parameters(payload)
