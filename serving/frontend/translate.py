@@ -167,7 +167,9 @@ def check_supported(request: GenerationRequest) -> None:
     if request.service_tier not in (None, "auto", "default"):
         raise unsupported("service_tier")
     if request.stream_options is not None and not request.stream:
-        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+        raise bad_request(
+            "`stream_options` can only be used when `stream` is True", "stream_options"
+        )
     if request.vllm_xargs:
         unknown = sorted(set(request.vllm_xargs) - {EXTRA_ARGS_KEY})
         if unknown:
@@ -198,7 +200,7 @@ def _check_chat(request: ChatCompletionRequest) -> None:
         if getattr(request, name) is not None:
             raise unsupported(name)
     if request.top_logprobs is not None and not request.logprobs:
-        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        raise bad_request("`top_logprobs` can only be used when `logprobs` is True", "top_logprobs")
     for i, message in enumerate(request.messages):
         if message.tool_calls:
             raise unsupported(f"messages[{i}].tool_calls", "is not supported (no tool calling)")
@@ -211,6 +213,9 @@ def _check_chat(request: ChatCompletionRequest) -> None:
 def _check_completion(request: CompletionRequest) -> None:
     if request.best_of not in (None, 1):
         raise unsupported("best_of", "is not supported by this platform (vLLM V1 removed it)")
+    if request.best_of is not None and request.best_of < request.n:
+        # OpenAI: best_of candidates, of which the n best are returned.
+        raise bad_request("best_of must be at least n", "best_of")
     if request.suffix:
         raise unsupported("suffix", "(insertion) is not supported by this platform")
     if not isinstance(request.prompt, str) and any(not isinstance(p, str) for p in request.prompt):

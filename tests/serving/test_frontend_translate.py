@@ -162,6 +162,7 @@ def test_chat_parameters_that_cannot_be_honoured_are_refused_by_name(
     ("fields", "param"),
     [
         ({"best_of": 3}, "best_of"),
+        ({"best_of": 1, "n": 2}, "best_of"),
         ({"suffix": "tail"}, "suffix"),
         ({"prompt": [1, 2, 3]}, "prompt"),
         ({"echo": True, "logprobs": 1}, "echo"),
