@@ -24,15 +24,16 @@
 # (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
+from __future__ import annotations
+
 import copy
 import subprocess
 from pathlib import Path
 from typing import List
 
 import pytest
-import tritonserver
 from fastapi.testclient import TestClient
-from tests.utils import setup_fastapi_app, setup_server
+from tests.peers.openai_frontend.utils import setup_fastapi_app, setup_server
 
 
 class TestChatCompletions:

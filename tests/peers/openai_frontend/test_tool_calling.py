@@ -38,7 +38,7 @@ from openai.types.chat import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionToolParam,
 )
-from tests.utils import setup_fastapi_app, setup_server
+from tests.peers.openai_frontend.utils import setup_fastapi_app, setup_server
 
 # resources for testing the tool callings
 WEATHER_TOOL: ChatCompletionToolParam = {
