@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
+import random
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +42,8 @@ from serving.engine.types import (
 logger = logging.getLogger("serving.engine")
 
 MAX_COHORTS = 4
+# vLLM's ``seed`` engine argument when model.json gives none (ModelConfig.seed, 0.24).
+DEFAULT_SEED = 0
 _DONE = object()
 
 
@@ -174,6 +176,12 @@ class Engine:
         self.max_num_seqs = loaded.config.max_num_seqs
         self.max_logprobs = loaded.config.max_logprobs
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        # Unseeded requests draw their seeds from the engine's ``seed`` argument (vLLM's default
+        # is 0), so, as on vLLM, an engine answers the same unseeded requests, sent in the same
+        # order, the same way after every start.
+        self._unseeded = random.Random(
+            DEFAULT_SEED if loaded.config.seed is None else loaded.config.seed
+        )
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.stats: EngineStats = stats or NullStats()
         self.compiler = (
@@ -322,7 +330,7 @@ class Engine:
         assert self.compiler is not None
         constraints = self.compiler.compile(options)
         generator = torch.Generator()
-        seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "little")
+        seed = options.seed if options.seed is not None else self._unseeded.getrandbits(64)
         generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
         return _Sequence(request, prompt_ids, constraints, None, arrived, generator)
 

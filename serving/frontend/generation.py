@@ -34,6 +34,9 @@ class _Choice:
     finish_reason: str | None = None
     # Chat requests with tools: reads content and calls out of the text (streamed or whole).
     reader: ToolCallReader | None = None
+    # Streaming: the ``text_offset`` of the choice's next token (the characters of the tokens
+    # already sent), so that a stream's offsets are the whole response's.
+    next_text_offset: int = 0
 
 
 @dataclass
@@ -171,7 +174,9 @@ class Generation:
                     return None
             part = self._chat_delta(choice.index, delta, logprobs, finish_reason)
         else:
-            logprobs = self._completion_logprobs(list(output.logprobs or ()), 0)
+            tokens = list(output.logprobs or ())
+            logprobs = self._completion_logprobs(tokens, choice.next_text_offset)
+            choice.next_text_offset += sum(len(t.entries[0][3]) for t in tokens)
             part = self._text_delta(choice.index, output.text, logprobs, output.finish_reason)
         return self._chunk([part])
 
@@ -216,9 +221,15 @@ class Generation:
 
     # -- logprobs -----------------------------------------------------------------------------
 
-    def _top(self, token: TokenLogprobs) -> list[tuple[int, float, int, str]]:
+    def _top(self, token: TokenLogprobs) -> tuple[tuple[int, float, int, str], ...]:
+        """The alternatives as vLLM's OpenAI server lists them, in the engine's order (the
+        sampled token first, then the most likely others). Completions: ``logprobs`` + 1
+        entries (vLLM's ``_create_completion_logprobs``; ``logprobs=0`` gives the sampled
+        token alone); chat: ``top_logprobs`` entries (its ``_get_top_logprobs``)."""
         k = logprobs_count(self.request) or 0
-        return sorted(token.entries, key=lambda e: e[2])[:k]
+        if isinstance(self.request, CompletionRequest):
+            k += 1
+        return token.entries[:k]
 
     def _chat_logprobs(self, tokens: Sequence[TokenLogprobs]) -> dict[str, Any] | None:
         if logprobs_count(self.request) is None:

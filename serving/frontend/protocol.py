@@ -143,7 +143,9 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0)  # up to the model's max_logprobs
+    # OpenAI allows at most 5 for completions (chat's top_logprobs goes to the model's
+    # max_logprobs, 20 by default).
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     # Refused unless at their no-op value.
     best_of: int | None = None
     suffix: str | None = None

@@ -114,12 +114,9 @@ def sampling_parameters(
 
 
 def max_tokens(request: GenerationRequest, default: int) -> int:
+    """``max_completion_tokens`` wins over its deprecated name ``max_tokens`` when a chat
+    request sends both, as in vLLM's and Triton's front ends."""
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
-        if request.max_tokens is not None and request.max_tokens != request.max_completion_tokens:
-            raise bad_request(
-                "max_tokens is the deprecated name of max_completion_tokens; send one of them",
-                "max_tokens",
-            )
         return request.max_completion_tokens
     return request.max_tokens if request.max_tokens is not None else default
 
@@ -225,7 +222,9 @@ def check_supported(request: GenerationRequest) -> None:
     if request.service_tier not in (None, "auto", "default"):
         raise unsupported("service_tier")
     if request.stream_options is not None and not request.stream:
-        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+        raise bad_request(
+            "`stream_options` can only be used when `stream` is True", "stream_options"
+        )
     if request.vllm_xargs:
         unknown = sorted(set(request.vllm_xargs) - {EXTRA_ARGS_KEY})
         if unknown:
@@ -251,7 +250,7 @@ def _check_chat(request: ChatCompletionRequest) -> None:
         if getattr(request, name) is not None:
             raise unsupported(name)
     if request.top_logprobs is not None and not request.logprobs:
-        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        raise bad_request("`top_logprobs` can only be used when `logprobs` is True", "top_logprobs")
     for i, message in enumerate(request.messages):
         if message.refusal is not None:
             raise unsupported(f"messages[{i}].refusal")
@@ -262,6 +261,9 @@ def _check_chat(request: ChatCompletionRequest) -> None:
 def _check_completion(request: CompletionRequest) -> None:
     if request.best_of not in (None, 1):
         raise unsupported("best_of", "is not supported by this platform (vLLM V1 removed it)")
+    if request.best_of is not None and request.best_of < request.n:
+        # OpenAI: best_of candidates, of which the n best are returned.
+        raise bad_request("best_of must be at least n", "best_of")
     if request.suffix:
         raise unsupported("suffix", "(insertion) is not supported by this platform")
     if not isinstance(request.prompt, str) and any(not isinstance(p, str) for p in request.prompt):

@@ -271,3 +271,23 @@ def test_embedding_model(tmp_path: Path, monkeypatch) -> None:
     assert vectors.shape == (3, 384) and tokens > 10
     assert abs(float((vectors[0] ** 2).sum()) - 1) < 1e-4
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.2
+
+
+def test_unseeded_requests_repeat_after_a_restart_as_on_vllm(model_repository: Path) -> None:
+    """vLLM seeds its engine (``seed`` engine argument, 0 by default), so the same unseeded
+    requests in the same order sample the same tokens after every start; within one run they
+    still differ from each other."""
+
+    def two_answers() -> list[str]:
+        engine = load_engine(model_repository / MODEL_NAME / "1", name=MODEL_NAME)
+        try:
+            return [
+                text_of(run(collect(engine, max_tokens=12, temperature=1.0, ignore_eos=True)))
+                for _ in range(2)
+            ]
+        finally:
+            engine.shutdown()
+
+    first = two_answers()
+    assert two_answers() == first
+    assert first[0] != first[1]

@@ -214,6 +214,112 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert "".join(lp.tokens) == completion.choices[0].text
 
 
+def sampled(**fields: Any) -> dict[str, Any]:
+    """Seeded sampling (not greedy): the sampled token is not always the most likely one, so the
+    tests see the alternatives' order; the seed makes a stream and a whole response agree."""
+    return {"model": MODEL_NAME, "temperature": 1.0, "seed": 7, **fields}
+
+
+def streamed_completion_logprobs(
+    client: openai.OpenAI, body: dict[str, Any]
+) -> dict[int, dict[str, list[Any]]]:
+    """Each choice's logprobs lists, concatenated over the stream's chunks."""
+    out: dict[int, dict[str, list[Any]]] = {}
+    stream = client.completions.create(**body, stream=True, extra_body={"ignore_eos": True})
+    for chunk in stream:
+        for choice in chunk.choices:
+            lists = out.setdefault(choice.index, {"tokens": [], "offsets": [], "top": []})
+            if choice.logprobs is not None:
+                lists["tokens"] += choice.logprobs.tokens or []
+                lists["offsets"] += choice.logprobs.text_offset or []
+                lists["top"] += choice.logprobs.top_logprobs or []
+    return out
+
+
+def test_completion_logprobs_stream_as_the_whole_response(client: openai.OpenAI) -> None:
+    """``text_offset`` counts from the start of each choice's text in a stream as in a whole
+    response (vLLM's ``initial_text_offset``), and the alternatives are the same."""
+    body = sampled(prompt="Offsets", max_tokens=12, n=2, logprobs=2)
+    whole = client.completions.create(**body, extra_body={"ignore_eos": True})
+    streamed = streamed_completion_logprobs(client, body)
+    assert sorted(streamed) == [0, 1]
+    for choice in whole.choices:
+        lp = choice.logprobs
+        assert lp is not None and lp.tokens and lp.text_offset and lp.top_logprobs
+        assert len(lp.tokens) == 12
+        assert lp.text_offset[0] == 0
+        for i in range(1, len(lp.tokens)):
+            assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1])
+        assert streamed[choice.index] == {
+            "tokens": lp.tokens,
+            "offsets": lp.text_offset,
+            "top": lp.top_logprobs,
+        }
+
+
+def test_completion_logprobs_list_the_sampled_token_first(client: openai.OpenAI) -> None:
+    """As vLLM: ``top_logprobs`` holds up to ``logprobs`` + 1 entries, the sampled token first;
+    ``logprobs=0`` gives the sampled token alone (not an empty dict, not ``null``)."""
+    for stream in (False, True):
+        body = sampled(prompt="Zero", max_tokens=6, logprobs=0)
+        if stream:
+            lists = streamed_completion_logprobs(client, body)[0]
+            tokens, tops = lists["tokens"], lists["top"]
+        else:
+            whole = client.completions.create(**body, extra_body={"ignore_eos": True})
+            lp = whole.choices[0].logprobs
+            assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+            tokens, tops = lp.tokens, lp.top_logprobs
+            assert tops == [{t: v} for t, v in zip(tokens, lp.token_logprobs, strict=True)]
+        assert len(tokens) == 6
+        assert [list(top) for top in tops] == [[token] for token in tokens]
+    three = client.completions.create(
+        **sampled(prompt="Three", max_tokens=16, logprobs=3), extra_body={"ignore_eos": True}
+    ).choices[0]
+    lp = three.logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert 1 <= len(top) <= 4 and next(iter(top)) == token
+        if len(top) == 4:  # the sampled token was not among the 3 most likely
+            assert logprob < min(list(top.values())[1:])
+
+
+def test_chat_top_logprobs_start_with_the_sampled_token(client: openai.OpenAI) -> None:
+    """As vLLM's chat server: ``top_logprobs`` = k entries, the sampled token first, then the
+    most likely others; a stream carries the same ones."""
+    body = sampled(
+        messages=[{"role": "user", "content": "Hi"}], max_tokens=10, logprobs=True, top_logprobs=3
+    )
+    whole = client.chat.completions.create(**body, extra_body={"ignore_eos": True})
+    content = whole.choices[0].logprobs.content if whole.choices[0].logprobs else None
+    assert content is not None and len(content) == 10
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert (token.top_logprobs[0].token, token.top_logprobs[0].logprob) == (
+            token.token,
+            token.logprob,
+        )
+        others = [t.logprob for t in token.top_logprobs[1:]]
+        assert others == sorted(others, reverse=True)
+    stream = client.chat.completions.create(**body, stream=True, extra_body={"ignore_eos": True})
+    streamed = [
+        token
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for token in chunk.choices[0].logprobs.content
+    ]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content]
+
+
+def test_completion_logprobs_above_5_is_refused(client: openai.OpenAI) -> None:
+    """OpenAI's limit for completions is 5 (chat's ``top_logprobs`` goes to 20)."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(**greedy(prompt="Hi", max_tokens=2), logprobs=6)
+    assert error_of(info.value)["param"] == "logprobs"
+    five = client.completions.create(**greedy(prompt="Hi", max_tokens=2), logprobs=5)
+    assert five.choices[0].logprobs is not None
+
+
 def test_echo(client: openai.OpenAI) -> None:
     body = greedy(prompt="Echo me", max_tokens=3, echo=True)
     whole = client.completions.create(**body, extra_body={"ignore_eos": True})

@@ -238,7 +238,6 @@ def test_logit_bias_travels_in_extra_args_never_as_the_top_level_field() -> None
         ({"vllm_xargs": {"constraint": {"choice": []}}}, "vllm_xargs.constraint"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens"),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ],
 )
@@ -256,6 +255,7 @@ def test_chat_parameters_that_cannot_be_honoured_are_refused_by_name(
     ("fields", "param"),
     [
         ({"best_of": 3}, "best_of"),
+        ({"best_of": 1, "n": 2}, "best_of"),
         ({"suffix": "tail"}, "suffix"),
         ({"prompt": [1, 2, 3]}, "prompt"),
         ({"echo": True, "logprobs": 1}, "echo"),
@@ -298,3 +298,14 @@ def test_engine_refusals_name_the_openai_field(message: str, param: str | None) 
     """The bias travels in extra_args, but a refusal of it names the field the caller sent."""
     error = _classify(message)
     assert (error.status, error.param) == (400, param)
+
+
+def test_max_completion_tokens_wins_over_its_deprecated_name() -> None:
+    """Both sent: ``max_completion_tokens`` is the one used, as vLLM's server and Triton's front
+    end use it; alone, either name is used."""
+    both = build_payload(chat(max_tokens=3, max_completion_tokens=4), default_max_tokens=16)
+    assert json.loads(both.sampling_parameters)["max_tokens"] == 4
+    old = build_payload(chat(max_tokens=3), default_max_tokens=16)
+    assert json.loads(old.sampling_parameters)["max_tokens"] == 3
+    neither = build_payload(chat(), default_max_tokens=16)
+    assert json.loads(neither.sampling_parameters)["max_tokens"] == 16
