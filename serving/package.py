@@ -27,6 +27,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving.constraints import LOGITS_PROCESSOR
 
 MANIFEST_NAME = "manifest.json"
+# A Triton model repository's files (read back by serving.repository): the model's
+# configuration, and a vLLM-backend version's engine arguments.
+CONFIG_FILE = "config.pbtxt"
+ENGINE_ARGS_FILE = "model.json"
 # The config.pbtxt parameter naming how a model writes tool calls under tool_choice auto, and
 # the formats the OpenAI front end reads (serving.frontend.tool_parsers).
 TOOL_CALL_PARSER = "tool_call_parser"
@@ -86,8 +90,8 @@ def vllm_repository_files(
     if tool_call_parser:
         config.parameters[TOOL_CALL_PARSER].string_value = tool_call_parser
     return {
-        f"{name}/config.pbtxt": render_config(config).encode(),
-        f"{name}/{number}/model.json": (
+        f"{name}/{CONFIG_FILE}": render_config(config).encode(),
+        f"{name}/{number}/{ENGINE_ARGS_FILE}": (
             json.dumps(model_json, indent=2, sort_keys=True) + "\n"
         ).encode(),
     }

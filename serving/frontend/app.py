@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from serving.frontend.catalog import OpenAIModel, read_catalog
 from serving.frontend.errors import (
     OpenAIError,
     bad_request,
@@ -31,7 +32,6 @@ from serving.frontend.generation import Generation, complete, completion_prompts
 from serving.frontend.kserve_client import KServeClient
 from serving.frontend.metrics import add_metrics
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from serving.frontend.repository import ModelEntry, read_repository
 from serving.frontend.settings import Settings
 from serving.frontend.tools import template_tool_calls, template_tools
 from serving.frontend.translate import check_embedding, check_supported
@@ -43,7 +43,7 @@ def create_app(settings: Settings) -> FastAPI:
     client = KServeClient(
         settings.kserve_grpc, settings.kserve_http, timeout=settings.engine_timeout
     )
-    models: dict[str, ModelEntry] = read_repository(settings.model_repository)
+    models: dict[str, OpenAIModel] = read_catalog(settings.model_repository)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> FastAPI:
     if not settings.openai:
         return app
 
-    def lookup(name: str, kind: str) -> ModelEntry:
+    def lookup(name: str, kind: str) -> OpenAIModel:
         entry = models.get(name)
         if entry is None:
             raise model_not_found(name)
@@ -89,7 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise bad_request(f"model {name} is {what} model", "model", code="wrong_model_kind")
         return entry
 
-    def card(entry: ModelEntry) -> dict[str, Any]:
+    def card(entry: OpenAIModel) -> dict[str, Any]:
         return {
             "id": entry.name,
             "object": "model",

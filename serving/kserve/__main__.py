@@ -20,14 +20,9 @@ import sys
 from types import FrameType
 
 from serving.kserve.cli import LOG_DATE_FORMATS, ServerOptions, parse_options
-from serving.kserve.repository import (
-    PYTHON_BACKEND,
-    ModelControl,
-    RepositoryError,
-    read_repository,
-)
 from serving.kserve.server import load_entry, load_repository, repository_configs, serve_kserve
-from serving.kserve.service import ModelLoadFailed
+from serving.kserve.service import ModelControl, ModelLoadFailed
+from serving.repository import PYTHON_BACKEND, RepositoryError, read_repository
 
 logger = logging.getLogger("serving.kserve")
 

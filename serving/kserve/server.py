@@ -32,11 +32,11 @@ from serving.engine.model import read_engine_config
 from serving.engine.stats import EngineStats, FanOutStats
 from serving.kserve.grpc_server import start_grpc_server
 from serving.kserve.http_server import build_app
-from serving.kserve.repository import ModelControl, ModelEntry
-from serving.kserve.service import InferenceService
+from serving.kserve.service import InferenceService, ModelControl
 from serving.kserve.triton_metrics import merge_families, render
 from serving.metrics import triton_vllm
 from serving.metrics.triton_vllm import TritonVllmMetrics
+from serving.repository import ModelEntry
 
 logger = logging.getLogger("serving.kserve")
 

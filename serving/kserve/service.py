@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -24,17 +25,16 @@ from serving.engine.types import Delta, EngineUnavailableError, GenerateRequest,
 from serving.kserve import contract
 from serving.kserve.contract import Tensor, TensorSpec
 from serving.kserve.errors import Code, TritonError, invalid
-from serving.kserve.repository import (
+from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
+from serving.python_backend.types import ModelError, ModelRequest, ModelResponse
+from serving.python_backend.types import Tensor as ModelTensor
+from serving.repository import (
     PYTHON_BACKEND,
-    ModelControl,
     ModelEntry,
     RepositoryError,
     model_names,
     read_model,
 )
-from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
-from serving.python_backend.types import ModelError, ModelRequest, ModelResponse
-from serving.python_backend.types import Tensor as ModelTensor
 
 if TYPE_CHECKING:
     from serving.python_backend.handle import PythonModelHandle
@@ -55,6 +55,20 @@ RESERVED_PARAMETERS = frozenset(
         "binary_data_output",
     }
 )
+
+
+@dataclass(frozen=True)
+class ModelControl:
+    """Triton's model control (``--model-control-mode``) over one repository.
+
+    ``explicit``: the repository-extension calls (load, unload) are allowed, as with
+    ``--model-control-mode=explicit``; otherwise (``none``) they are refused as Triton refuses
+    them. ``load`` turns an entry into a ready engine (slow: reads weights); it runs in a worker
+    thread, so serving goes on while a model loads."""
+
+    root: Path
+    explicit: bool
+    load: Callable[[ModelEntry], Any]
 
 
 class ModelLoadFailed(RuntimeError):

@@ -17,8 +17,8 @@ from serving.kserve import contract
 from serving.kserve.contract import GenerateResponder, Tensor, parse_embed, parse_generate
 from serving.kserve.errors import TritonError
 from serving.kserve.grpc_codec import decode_inputs, encode_outputs
-from serving.kserve.repository import RepositoryError, read_config
 from serving.kserve.triton_metrics import StatsRecorder, render
+from serving.repository import RepositoryError, read_config
 
 
 def _config(tmp_path: Path, text: str, name: str = "m") -> Path:

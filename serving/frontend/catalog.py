@@ -1,0 +1,102 @@
+"""What the front end knows about the models it serves, from the Triton model repository itself.
+
+The repository is read by :mod:`serving.repository`, the same reader the KServe server uses, so
+the front end lists the models and versions the engine serves. On top of it this module keeps
+only what the OpenAI API needs of a vLLM model: its kind (generative or embedding, from the
+engine arguments), its tokenizer (whose chat template makes chat prompts; the path is in the
+engine arguments, ``model.json``, so the front end reads the file Triton reads instead of being
+told twice) and how it writes tool calls (the ``tool_call_parser`` parameter of its
+``config.pbtxt``). Python-backend models are not served over the OpenAI API and are left out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from serving.frontend.tool_parsers import parser_name
+from serving.package import CONFIG_FILE, ENGINE_ARGS_FILE, TOOL_CALL_PARSER
+from serving.repository import BACKEND, ModelEntry, RepositoryError, read_repository
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenAIModel:
+    """A vLLM model of the repository as the OpenAI API serves it."""
+
+    name: str
+    version: str
+    kind: str  # "generate" | "embed"
+    tokenizer_path: Path
+    created: int
+    # How the model writes tool calls under tool_choice auto (serving.frontend.tool_parsers);
+    # None: the front end's default.
+    tool_call_parser: str | None = None
+    tokenizer: Any = field(default=None, repr=False)
+
+    def chat_prompt_ready(self) -> None:
+        """Load the tokenizer now (start-up) rather than on the first chat request."""
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.tokenizer_path)
+
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text the model's own chat template makes of ``messages`` (and of
+        ``tools``, OpenAI's tool objects, which templates that know tools describe)."""
+        self.chat_prompt_ready()
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {self.name} has no chat template")
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        return str(prompt)
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def read_catalog(root: Path) -> dict[str, OpenAIModel]:
+    """The vLLM models of the repository at ``root``, by name, at the version the engine
+    serves; :class:`~serving.repository.RepositoryError` when the repository cannot be
+    served."""
+    return {
+        entry.name: openai_model(entry)
+        for entry in read_repository(root)
+        if entry.backend == BACKEND
+    }
+
+
+def openai_model(entry: ModelEntry) -> OpenAIModel:
+    args = entry.engine_args()
+    tokenizer = args.get("tokenizer") or args["model"]
+    embed = args.get("runner") == "pooling" or args.get("convert") == "embed"
+    engine_args = entry.version_dir / ENGINE_ARGS_FILE
+    return OpenAIModel(
+        name=entry.name,
+        version=entry.version,
+        kind="embed" if embed else "generate",
+        # As the engine resolves it: relative to the version directory, absolute as is.
+        tokenizer_path=entry.version_dir / tokenizer,
+        created=int(engine_args.stat().st_mtime or time.time()),
+        tool_call_parser=_tool_call_parser(entry),
+    )
+
+
+def _tool_call_parser(entry: ModelEntry) -> str | None:
+    """The model's ``tool_call_parser`` parameter (Triton keeps parameters it does not know, so
+    the file stays valid for ``tritonserver``)."""
+    if TOOL_CALL_PARSER not in entry.config.parameters:
+        return None
+    name = entry.config.parameters[TOOL_CALL_PARSER].string_value
+    try:
+        return parser_name(name)
+    except ValueError as exc:
+        raise RepositoryError(f"{entry.model_dir / CONFIG_FILE}: {exc}") from None
