@@ -18,8 +18,8 @@ from portal.accounts.tokens import TokenError, authenticate_token, issue_token
 from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
-from portal.core.transitions import transition_deployment
 from portal.deployments.admin import DeploymentAdmin, EventInline
+from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,

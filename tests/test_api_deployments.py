@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portal.accounts.models import ApiToken
-from portal.core.transitions import transition_deployment, transition_version
+from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
@@ -13,6 +13,7 @@ from portal.deployments.models import (
     InstanceType,
     ObservedState,
 )
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import VersionState
 from tests.api_helpers import api_error, nothing_created, ok
 from tests.factories import (

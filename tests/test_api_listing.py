@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from portal.core.transitions import transition_deployment, transition_version
+from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import DeploymentEvent, Instance, ObservedState
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import Model
 from portal.registry.models import VersionState as V
 from tests.factories import make_deployment, make_model, make_version

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from portal.cache.models import Materialization
-from portal.core.transitions import transition_version
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionState
 from tests.api_helpers import api_error, nothing_created
 from tests.factories import make_version
@@ -442,7 +442,7 @@ def test_python_backend_model_py_upload(client, model, release):
 
 
 def test_version_events_endpoint(client, version, api, outsider):
-    from portal.core.transitions import transition_version
+    from portal.registry.lifecycle import transition_version
 
     transition_version(version, "materializing", reason="copying 2 files")
     response = client.get(f"{VERSIONS}{version.pk}/events/")

@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from portal.core.transitions import transition_version
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import (
     ApiSurface,
     Backend,

@@ -8,15 +8,13 @@ import pytest
 
 from portal.core.actors import Actor
 from portal.core.errors import InvalidTransition
-from portal.core.transitions import (
+from portal.deployments.lifecycle import (
     DEPLOYMENT_TRANSITIONS,
     INSTANCE_TRANSITIONS,
-    VERSION_TRANSITIONS,
     Action,
     request_action,
     transition_deployment,
     transition_instance,
-    transition_version,
 )
 from portal.deployments.models import (
     DeploymentEvent,
@@ -27,6 +25,7 @@ from portal.deployments.models import (
     ObservedState,
     Strategy,
 )
+from portal.registry.lifecycle import VERSION_TRANSITIONS, transition_version
 from portal.registry.models import VersionState
 from tests.factories import make_deployment, make_model, make_version
 

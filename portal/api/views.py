@@ -23,8 +23,8 @@ from portal.api import filters
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.core.actors import Actor
-from portal.core.transitions import Action
 from portal.deployments import services as deployment_services
+from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services

@@ -29,8 +29,8 @@ from portal.cache.progress import Progress, Throttle
 from portal.cache.sources import CopyOptions, SourceError, open_source
 from portal.cache.store import ContentStore
 from portal.core.redis_clients import redis_client
-from portal.core.transitions import transition_version
 from portal.deployments.models import LIVE_STATES, Deployment, Instance, InstanceState
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import ModelVersion, VersionState
 
 log = logging.getLogger(__name__)

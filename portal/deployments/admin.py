@@ -2,7 +2,7 @@ from django.contrib import admin, messages
 
 from portal.core.actors import Actor
 from portal.core.errors import InvalidTransition
-from portal.core.transitions import Action
+from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.deployments.services import act
 

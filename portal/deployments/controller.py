@@ -36,10 +36,10 @@ from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
-from portal.core.transitions import record_event, transition_deployment
 from portal.deployments import instances, routing
 from portal.deployments.instances import View
 from portal.deployments.launchers import get_launcher, version_set
+from portal.deployments.lifecycle import record_event, transition_deployment
 from portal.deployments.models import (
     Deployment,
     DesiredState,

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
-from portal.core.transitions import transition_instance
 from portal.deployments.launchers import get_launcher, version_set
 from portal.deployments.launchers.base import Health, ObservedInstance
+from portal.deployments.lifecycle import transition_instance
 from portal.deployments.models import Deployment, Instance, InstanceState
 from portal.registry.models import ModelVersion
 

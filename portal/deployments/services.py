@@ -1,4 +1,4 @@
-"""Creating and changing deployments. State moves go through :mod:`portal.core.transitions`."""
+"""Creating and changing deployments. State moves go through :mod:`portal.deployments.lifecycle`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.core.transitions import Action, record_event, request_action, transition_deployment
+from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
     LIVE_STATES,
     Deployment,

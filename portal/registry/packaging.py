@@ -199,7 +199,7 @@ def package_version(version: ModelVersion) -> ModelVersion:
     Idempotent: a ready version is left alone, a version found in ``packaging`` (a worker died
     midway) is packaged again, and the content-addressed store makes a rebuild a no-op.
     """
-    from portal.core.transitions import transition_version
+    from portal.registry.lifecycle import transition_version
     from portal.registry.models import VersionState
 
     version.refresh_from_db()

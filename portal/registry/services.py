@@ -14,7 +14,7 @@ from portal.accounts.models import Team
 from portal.cache.services import request_materialization
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.core.transitions import transition_version
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import (
     ApiSurface,
     Backend,

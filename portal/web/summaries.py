@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.db.models import Prefetch
 
 from portal.core.errors import InvalidTransition
-from portal.core.transitions import Action, action_changes
+from portal.deployments.lifecycle import Action, action_changes
 from portal.deployments.models import (
     LIVE_STATES,
     Deployment,

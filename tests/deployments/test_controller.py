@@ -13,10 +13,11 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from portal.core.actors import Actor
-from portal.core.transitions import Action, transition_version
 from portal.deployments import controller, services
 from portal.deployments.launchers.base import Health
+from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
+from portal.registry.lifecycle import transition_version
 from portal.registry.models import VersionState
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.factories import TAGGER_IO, make_model, make_python_version, make_version

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from django.conf import settings
 
-from portal.core.transitions import Action
 from portal.deployments import services
+from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import redrive_deployments
 from tests.conftest import start_celery_worker

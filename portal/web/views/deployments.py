@@ -18,8 +18,8 @@ from django.views.decorators.http import require_http_methods
 
 from portal.core.actors import Actor
 from portal.core.errors import ApplicationError
-from portal.core.transitions import Action
 from portal.deployments import services as deployment_services
+from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment, Strategy
 from portal.deployments.routing import endpoint_url
 from portal.metrics import services as metrics
