@@ -34,7 +34,7 @@ from serving.frontend.metrics import add_metrics
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.frontend.settings import Settings
 from serving.frontend.tools import template_tool_calls, template_tools
-from serving.frontend.translate import check_embedding, check_supported
+from serving.frontend.translate import check_embedding, check_supported, check_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def chat(request: ChatCompletionRequest) -> Response:
         entry = lookup(request.model, "generate")
         check_supported(request)
+        check_token_ids(request, entry.vocab_size)
         messages = [_message(m.model_dump(exclude_none=True)) for m in request.messages]
         tools = template_tools(request)
         try:
@@ -137,6 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def completions(request: CompletionRequest) -> Response:
         entry = lookup(request.model, "generate")
         check_supported(request)
+        check_token_ids(request, entry.vocab_size)
         prompts = completion_prompts(request)
         generation = Generation(request, entry.name, prompts, settings.default_max_tokens)
         return await run(generation)

@@ -11,6 +11,7 @@ told twice) and how it writes tool calls (the ``tool_call_parser`` parameter of 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class OpenAIModel:
     # How the model writes tool calls under tool_choice auto (serving.frontend.tool_parsers);
     # None: the front end's default.
     tool_call_parser: str | None = None
+    # The width of the model's logits (its config.json ``vocab_size``, what vLLM checks token ids
+    # against); None when the weights' config cannot be read here.
+    vocab_size: int | None = None
     tokenizer: Any = field(default=None, repr=False)
 
     def chat_prompt_ready(self) -> None:
@@ -87,7 +91,22 @@ def openai_model(entry: ModelEntry) -> OpenAIModel:
         tokenizer_path=entry.version_dir / tokenizer,
         created=int(engine_args.stat().st_mtime or time.time()),
         tool_call_parser=_tool_call_parser(entry),
+        vocab_size=_vocab_size(entry.version_dir / args["model"]),
     )
+
+
+def _vocab_size(weights: Path) -> int | None:
+    """``vocab_size`` of the model's Hugging Face config (or of its ``text_config``, for models
+    that wrap a language model), as vLLM reads it."""
+    try:
+        config = json.loads((weights / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for source in (config, config.get("text_config") or {}):
+        size = source.get("vocab_size") if isinstance(source, dict) else None
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
 
 
 def _tool_call_parser(entry: ModelEntry) -> str | None:

@@ -207,6 +207,22 @@ def _choice_name(request: ChatCompletionRequest) -> str:
     return repr(choice)
 
 
+def check_token_ids(request: GenerationRequest, vocab_size: int | None) -> None:
+    """Refuse ``logit_bias`` ids outside the model's vocabulary, as vLLM's server does. Checked
+    here because on ``tritonserver`` the platform's vLLM plugin, which applies the bias, is not
+    told the vocabulary when vLLM admits the request (docs/compatibility.md)."""
+    if not request.logit_bias or vocab_size is None:
+        return
+    outside = sorted(
+        int(k) for k in request.logit_bias if _TOKEN_ID.fullmatch(k) and int(k) >= vocab_size
+    )
+    if outside:
+        raise bad_request(
+            f"logit_bias: token id(s) {outside} are outside the vocabulary (size {vocab_size})",
+            "logit_bias",
+        )
+
+
 def check_supported(request: GenerationRequest) -> None:
     """Refuse, by name, every known parameter set to something the platform would not honour."""
     for key in request.logit_bias or {}:

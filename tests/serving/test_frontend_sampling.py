@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from serving.frontend.repository import load_tokenizer
+from serving.frontend.catalog import load_tokenizer
 from tests.serving.conftest import MODEL_NAME
 from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
 
@@ -234,7 +234,7 @@ def test_top_logprobs_up_to_the_models_max_logprobs(client: openai.OpenAI) -> No
         ({"logit_bias": {"-1": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 150}}, "logit_bias.5"),
         ({"logit_bias": {"5": -100.5}}, "logit_bias.5"),
-        # Only the engine knows the vocabulary (512 tokens): its refusal names the field.
+        # Outside the demo model's 512 tokens: refused by the front end, as vLLM's server does.
         ({"logit_bias": {"512": 1}}, "logit_bias"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
@@ -256,3 +256,9 @@ def test_bad_sampling_values_are_400_naming_the_field(
     error = _error(info.value)
     assert error["param"] == param, error
     assert param.split(".")[0] in error["message"]
+    if fields == {"logit_bias": {"512": 1}}:
+        # The front end's own check (the engine's refusal would name sampling_parameters):
+        # on tritonserver the plugin that applies the bias cannot refuse it.
+        assert error["message"] == (
+            "logit_bias: token id(s) [512] are outside the vocabulary (size 512)"
+        )

@@ -12,7 +12,7 @@ from serving.engine.sampling_params import BOTH_LOGIT_BIASES, parse_sampling_par
 from serving.frontend.errors import OpenAIError
 from serving.frontend.kserve_client import _classify
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from serving.frontend.translate import build_payload, check_embedding
+from serving.frontend.translate import build_payload, check_embedding, check_token_ids
 
 SCHEMA = {
     "type": "object",
@@ -309,3 +309,12 @@ def test_max_completion_tokens_wins_over_its_deprecated_name() -> None:
     assert json.loads(old.sampling_parameters)["max_tokens"] == 3
     neither = build_payload(chat(), default_max_tokens=16)
     assert json.loads(neither.sampling_parameters)["max_tokens"] == 16
+
+
+def test_logit_bias_ids_outside_the_vocabulary_are_refused_by_the_front_end() -> None:
+    check_token_ids(chat(logit_bias={"511": 1, "0": -1}), 512)
+    check_token_ids(chat(logit_bias={"100000": 1}), None)  # vocabulary unknown: the engine checks
+    with pytest.raises(OpenAIError) as info:
+        check_token_ids(completion(logit_bias={"3": 1, "512": 1, "9999": 2}), 512)
+    assert info.value.param == "logit_bias"
+    assert "[512, 9999]" in str(info.value.body())

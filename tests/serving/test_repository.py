@@ -110,6 +110,25 @@ def test_the_catalog_reads_kind_and_tokenizer_from_the_engine_arguments(tmp_path
 
 
 @pytest.mark.parametrize(
+    ("config", "size"),
+    [
+        ({"vocab_size": 32000}, 32000),
+        ({"text_config": {"vocab_size": 151936}}, 151936),  # a wrapped language model
+        ({}, None),
+        (None, None),  # no config.json next to the weights: the engine checks token ids
+    ],
+)
+def test_the_catalog_reads_the_vocabulary_size_vllm_checks_token_ids_against(
+    tmp_path, config, size
+) -> None:
+    files = {"m/config.pbtxt": VLLM_CONFIG, "m/1/model.json": json.dumps({"model": "w"})}
+    if config is not None:
+        files["m/1/w/config.json"] = json.dumps(config)
+    _write(tmp_path, files)
+    assert read_catalog(tmp_path)["m"].vocab_size == size
+
+
+@pytest.mark.parametrize(
     ("files", "message"),
     [
         ({"m/1/model.json": "{"}, r"model\.json: Expecting"),
