@@ -63,6 +63,20 @@ def render_config(config: mc.ModelConfig) -> str:
     return text
 
 
+# ``convert`` values that make vLLM 0.24 run a generative checkpoint as a pooling model.
+_POOLING_CONVERSIONS = frozenset({"embed", "classify", "reward"})
+
+
+def takes_logits_processors(engine_args: dict[str, Any]) -> bool:
+    """Whether vLLM 0.24 accepts a named logits processor for these engine arguments: it refuses
+    one outright for pooling models and with speculative decoding ("Pooling models do not
+    support custom logits processors", ``build_logitsprocs``), so the model would not load."""
+    pooling = (
+        engine_args.get("runner") == "pooling" or engine_args.get("convert") in _POOLING_CONVERSIONS
+    )
+    return not pooling and not engine_args.get("speculative_config")
+
+
 def vllm_repository_files(
     name: str,
     number: int,
@@ -81,11 +95,12 @@ def vllm_repository_files(
         # Needed for vLLM's metrics, which the unified /metrics endpoint serves.
         "disable_log_stats": False,
         **engine_args,
+    }
+    if takes_logits_processors(engine_args):
         # The constraint processor, by name as well as through its entry point: only named
         # processors make vLLM fill in real output token IDs under async scheduling (the
         # default), and the processor reads those IDs.
-        "logits_processors": [LOGITS_PROCESSOR],
-    }
+        model_json["logits_processors"] = [LOGITS_PROCESSOR]
     config = vllm_config(name, number)
     if tool_call_parser:
         config.parameters[TOOL_CALL_PARSER].string_value = tool_call_parser

@@ -226,3 +226,30 @@ def test_a_removed_argument_would_not_construct():
     """Why the allow-list is checked: vLLM refuses unknown keys outright."""
     with pytest.raises(TypeError, match="swap_space"):
         AsyncEngineArgs(model="/weights", swap_space=4)
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "pooling", "speculative"),
+    [
+        ({"runner": "pooling"}, True, False),
+        ({"convert": "embed"}, True, False),
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, False, True),
+    ],
+)
+def test_no_processor_is_named_where_vllm_refuses_one(engine_args, pooling, speculative):
+    """vLLM refuses any named logits processor for pooling models and with speculative
+    decoding, so packaging leaves the name out there (the model would not load otherwise)."""
+    import torch
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+
+    from serving.constraints import LOGITS_PROCESSOR
+    from serving.package import vllm_repository_files
+
+    files = vllm_repository_files("m", 1, "/weights", engine_args)
+    model_json = json.loads(files["m/1/model.json"])
+    assert "logits_processors" not in model_json
+    config = types.SimpleNamespace(speculative_config=object() if speculative else None)
+    device = torch.device("cpu")
+    # What vLLM builds at engine start refuses the platform's processor by name.
+    with pytest.raises(ValueError, match="do not support|not supported"):
+        build_logitsprocs(config, device, False, pooling, [LOGITS_PROCESSOR])
