@@ -251,5 +251,5 @@ def test_no_processor_is_named_where_vllm_refuses_one(engine_args, pooling, spec
     config = types.SimpleNamespace(speculative_config=object() if speculative else None)
     device = torch.device("cpu")
     # What vLLM builds at engine start refuses the platform's processor by name.
-    with pytest.raises(ValueError, match="do not support|not supported"):
+    with pytest.raises(ValueError, match=r"do not support|not supported"):
         build_logitsprocs(config, device, False, pooling, [LOGITS_PROCESSOR])
