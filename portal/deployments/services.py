@@ -343,10 +343,9 @@ def retire_idle_versioned() -> list[int]:
     from portal.deployments.launchers import get_launcher
     from portal.deployments.routing import route_path
 
-    last_requests = getattr(get_launcher(), "last_requests", None)
-    if last_requests is None:
+    seen = get_launcher().last_requests()
+    if seen is None:
         return []  # this launcher cannot tell when a route was last called: retire nothing
-    seen = last_requests()
     idle_for = settings.VERSIONED_IDLE_SECONDS
     live = Deployment.objects.filter(
         strategy=Strategy.VERSIONED, observed_state__in=LIVE_STATES

@@ -161,3 +161,9 @@ class Launcher(abc.ABC):
     def traffic_applied(self, generation: int) -> bool:
         """Whether everything that routes requests has taken up that generation (so an instance
         left out of it receives no new requests and can be stopped)."""
+
+    def last_requests(self) -> dict[str, float] | None:
+        """When each route was last called (its path → Unix time), for retiring idle Versioned
+        deployments; None when this launcher cannot tell, and then nothing is retired for
+        idleness. The local launcher reads what its gateways record."""
+        return None
