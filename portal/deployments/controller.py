@@ -47,7 +47,7 @@ from portal.deployments.models import (
     ObservedState,
     Strategy,
 )
-from portal.deployments.signals import RequestCounts, scrape_counts
+from portal.deployments.rollout_health import RequestCounts, scrape_counts
 from portal.registry.models import ModelVersion, VersionState
 
 D = ObservedState

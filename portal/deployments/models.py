@@ -170,7 +170,9 @@ class Deployment(models.Model):
         return self.model.team_id
 
 
-class Launcher(models.TextChoices):
+class LauncherKind(models.TextChoices):
+    """Which launcher runs an instance (the launchers themselves: ``portal.deployments.launchers``)."""
+
     LOCAL = "local", "Local process"
     KUBERNETES = "kubernetes", "Kubernetes"
 
@@ -190,7 +192,9 @@ class Instance(models.Model):
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="instances")
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="instances")
-    launcher = models.CharField(max_length=16, choices=Launcher.choices, default=Launcher.LOCAL)
+    launcher = models.CharField(
+        max_length=16, choices=LauncherKind.choices, default=LauncherKind.LOCAL
+    )
     name = models.CharField(max_length=128, help_text="Launcher's handle: process id, pod name.")
     endpoints = models.JSONField(default=dict, blank=True)
     state = models.CharField(

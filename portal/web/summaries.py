@@ -38,37 +38,37 @@ ACTION_QUESTIONS = {
 
 
 @dataclass(frozen=True)
-class Health:
+class HealthBadge:
     """A badge: ``level`` is ok, warn, bad or idle (the CSS class), ``label`` what it says."""
 
     level: str
     label: str
 
 
-def health_of(deployment: Deployment, instances: list[Instance]) -> Health:
+def health_of(deployment: Deployment, instances: list[Instance]) -> HealthBadge:
     if deployment.observed_state not in LIVE_STATES:
-        return Health("idle", deployment.get_observed_state_display())
+        return HealthBadge("idle", deployment.get_observed_state_display())
     running = [i for i in instances if i.state in SHOWN_INSTANCE_STATES]
     unhealthy = [i for i in running if i.state == InstanceState.UNHEALTHY]
     ready = [i for i in running if i.state == InstanceState.READY]
     if unhealthy:
-        return Health("bad", f"{len(unhealthy)} unhealthy")
+        return HealthBadge("bad", f"{len(unhealthy)} unhealthy")
     if deployment.observed_state == ObservedState.ROLLING_BACK:
-        return Health("warn", "rolling back")
+        return HealthBadge("warn", "rolling back")
     if deployment.observed_state in (ObservedState.PENDING, ObservedState.PROGRESSING):
-        return Health("warn", f"{len(ready)}/{len(running)} ready, rolling out")
+        return HealthBadge("warn", f"{len(ready)}/{len(running)} ready, rolling out")
     if deployment.observed_state == ObservedState.PAUSED:
-        return Health("warn", "paused")
+        return HealthBadge("warn", "paused")
     if not ready:
-        return Health("bad", "no ready instance")
-    return Health("ok", f"{len(ready)} ready")
+        return HealthBadge("bad", "no ready instance")
+    return HealthBadge("ok", f"{len(ready)} ready")
 
 
 @dataclass
 class ModelRow:
     model: Model
     deployments: list[Deployment] = field(default_factory=list)
-    health: Health = Health("idle", "not deployed")
+    health: HealthBadge = HealthBadge("idle", "not deployed")
 
     @property
     def serving_versions(self) -> list[str]:

@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from portal.deployments import services
-from portal.deployments.signals import scrape_counts
+from portal.deployments.rollout_health import scrape_counts
 from portal.metrics import services as metrics
 from portal.metrics.services import scrape_live_instances
 from portal.web.snippets import call_context
