@@ -48,7 +48,7 @@ class MaterializationAdmin(admin.ModelAdmin):
         )
 
     def changelist_view(self, request, extra_context=None):
-        store = services.store()
+        store = services.content_store()
         root = store.root
         root.mkdir(parents=True, exist_ok=True)
         extra_context = {

@@ -36,7 +36,7 @@ from portal.registry.models import ModelVersion, VersionState
 log = logging.getLogger(__name__)
 
 
-def store() -> ContentStore:
+def content_store() -> ContentStore:
     return ContentStore(settings.MODEL_CACHE_ROOT)
 
 
@@ -75,7 +75,7 @@ def request_materialization(version: ModelVersion) -> None:
 
 
 def weights_present(version: ModelVersion) -> bool:
-    return store().manifest(tree_for(version)) is not None
+    return content_store().manifest(tree_for(version)) is not None
 
 
 def prepare_for_deploy(version: ModelVersion) -> None:
@@ -183,7 +183,7 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
     if version is None:
         return "missing"
     record = record_for(version)
-    cache = store()
+    cache = content_store()
     manifest = cache.manifest(record.tree)
     if manifest is not None:
         _mark_present(version, record, manifest, note="already in the cache")
@@ -295,7 +295,7 @@ def evict(capacity: int | None = None) -> EvictionReport:
     """Bring the cache under ``capacity`` bytes: drop unreferenced blobs, then the trees of the
     least recently deployed versions that nothing uses and no operator pinned."""
     capacity = settings.MODEL_CACHE_MAX_BYTES if capacity is None else capacity
-    cache = store()
+    cache = content_store()
     freed = cache.collect_garbage()
     used = cache.usage().blob_bytes
     evicted: list[int] = []

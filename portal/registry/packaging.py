@@ -159,7 +159,7 @@ def manifest_for(version: ModelVersion, files: dict[str, bytes]) -> dict[str, An
 # --- archive (the format itself lives with its reader, in serving.package) ---------------
 
 
-def store(data: bytes) -> tuple[str, Path]:
+def save_package(data: bytes) -> tuple[str, Path]:
     """Write ``data`` under its sha256, atomically; an identical package is stored once."""
     digest = hashlib.sha256(data).hexdigest()
     directory = packages_dir()
@@ -183,7 +183,7 @@ def store(data: bytes) -> tuple[str, Path]:
 def build_package(version: ModelVersion) -> Package:
     files = repository_files(version)
     manifest = manifest_for(version, files)
-    digest, path = store(archive_bytes(files, manifest))
+    digest, path = save_package(archive_bytes(files, manifest))
     return Package(digest=digest, path=path, manifest=manifest)
 
 
