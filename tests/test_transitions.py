@@ -244,3 +244,71 @@ def test_version_events_are_append_only(version):
     with pytest.raises(ValidationError, match="append-only"):
         event.delete()
     assert version.events.get().message == ""
+
+
+# -- what follows a version state ----------------------------------------------------------------
+
+
+@pytest.fixture
+def hooked(monkeypatch):
+    """A hook on ``ready`` that records the versions it saw, on a clean hook table."""
+    from portal.registry import lifecycle
+
+    monkeypatch.setattr(lifecycle, "_HOOKS", {})
+    seen: list[int] = []
+    lifecycle.when_version_enters(V.READY, lambda version: seen.append(version.pk))
+    return seen
+
+
+def _to_packaging(version):
+    for state in (V.MATERIALIZING, V.MATERIALIZED, V.PACKAGING):
+        version = transition_version(version, state)
+    return version
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_state_hook_runs_once_the_move_commits_and_not_on_a_repeat(hooked, version):
+    version = _to_packaging(version)
+    assert hooked == []
+    transition_version(version, V.READY)
+    assert hooked == [version.pk]
+    transition_version(version, V.READY)  # already ready: no move, no second call
+    assert hooked == [version.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_state_hook_does_not_run_when_the_move_is_rolled_back(hooked, version):
+    from django.db import transaction
+
+    version = _to_packaging(version)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transition_version(version, V.READY)
+        raise RuntimeError("the caller's transaction fails after the move")
+    assert hooked == []
+    version.refresh_from_db()
+    assert version.state == V.PACKAGING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_hook_does_not_fail_the_move(hooked, version, caplog):
+    from portal.registry import lifecycle
+
+    def broker_down(version):
+        raise ConnectionError("broker down")
+
+    lifecycle._HOOKS[V.READY].insert(0, broker_down)
+    version = transition_version(_to_packaging(version), V.READY)
+    assert version.state == V.READY
+    assert "broker down" in caplog.text
+    assert hooked == [version.pk]  # the hook after the failing one still ran
+
+
+def test_the_apps_register_what_follows_registered_ready_and_failed():
+    """The pipeline's hand-offs are registered by the apps above the registry."""
+    from portal.cache.services import request_materialization
+    from portal.deployments.tasks import wake_deployments_of
+    from portal.registry.lifecycle import _HOOKS
+
+    assert request_materialization in _HOOKS[V.REGISTERED]
+    assert wake_deployments_of in _HOOKS[V.READY]
+    assert wake_deployments_of in _HOOKS[V.FAILED]

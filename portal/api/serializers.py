@@ -17,6 +17,7 @@ from portal.deployments.models import (
     InstanceType,
     Strategy,
 )
+from portal.deployments.routing import call_endpoints, endpoint_url
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -205,14 +206,10 @@ class DeploymentOut(serializers.ModelSerializer):
         ]  # fmt: skip
 
     def get_endpoint(self, deployment: Deployment) -> str:
-        from portal.deployments.routing import endpoint_url
-
         return endpoint_url(deployment)
 
     @extend_schema_field(CallEndpointsOut)
     def get_call(self, deployment: Deployment) -> dict[str, Any]:
-        from portal.deployments.routing import call_endpoints
-
         return call_endpoints(deployment).as_dict()
 
     def get_stage_percent(self, deployment: Deployment) -> int | None:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,14 +23,13 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from portal.cache.layout import tree_for
 from portal.cache.materializer import copy_version
 from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
 from portal.cache.sources import CopyOptions, SourceError, open_source
 from portal.cache.store import ContentStore
+from portal.cache.tasks import materialize_version_task
 from portal.core.redis_clients import redis_client
-from portal.deployments.models import LIVE_STATES, Deployment, Instance, InstanceState
 from portal.registry.lifecycle import transition_version
 from portal.registry.models import ModelVersion, VersionState
 
@@ -42,7 +42,7 @@ def content_store() -> ContentStore:
 
 def record_for(version: ModelVersion) -> Materialization:
     record, _ = Materialization.objects.get_or_create(
-        version=version, defaults={"tree": tree_for(version)}
+        version=version, defaults={"tree": version.cache_tree}
     )
     return record
 
@@ -61,7 +61,6 @@ def copy_options() -> CopyOptions:
 def request_materialization(version: ModelVersion) -> None:
     """Enqueue the copy once the caller's transaction commits. If the broker is down the
     version still waits in ``registered``, and beat's re-drive picks it up later."""
-    from portal.cache.tasks import materialize_version_task
 
     def enqueue() -> None:
         try:
@@ -75,7 +74,7 @@ def request_materialization(version: ModelVersion) -> None:
 
 
 def weights_present(version: ModelVersion) -> bool:
-    return content_store().manifest(tree_for(version)) is not None
+    return content_store().manifest(version.cache_tree) is not None
 
 
 def prepare_for_deploy(version: ModelVersion) -> None:
@@ -267,19 +266,23 @@ def _fail(version: ModelVersion, record: Materialization, reason: str, progress:
 # --- keeping the cache within its size -----------------------------------------------------
 
 
+InUseSource = Callable[[], set[int]]
+_IN_USE_SOURCES: list[InUseSource] = []
+
+
+def count_as_in_use(source: InUseSource) -> None:
+    """Have eviction ask ``source()`` for version ids whose files must stay. The deployments
+    app registers what its deployments and instances use (``DeploymentsConfig.ready``), so the
+    cache, below deployments, does not import them."""
+    if source not in _IN_USE_SOURCES:
+        _IN_USE_SOURCES.append(source)
+
+
 def versions_in_use() -> set[int]:
-    """Versions a live or recently finished deployment serves, may roll back to, or runs an
-    instance of. Their files are never evicted."""
-    recent = timezone.now() - timedelta(seconds=settings.MODEL_CACHE_RECENT_USE_SECONDS)
-    deployments = Deployment.objects.filter(
-        Q(observed_state__in=LIVE_STATES) | Q(updated_at__gte=recent)
-    ).values_list("target_version_id", "previous_version_id")
-    used = {vid for pair in deployments for vid in pair if vid is not None}
-    used.update(
-        Instance.objects.exclude(state__in=[InstanceState.STOPPED, InstanceState.FAILED])
-        .values_list("version_id", flat=True)
-        .distinct()
-    )
+    """Versions whose files are never evicted: what every registered source says is in use."""
+    used: set[int] = set()
+    for source in _IN_USE_SOURCES:
+        used |= source()
     return used
 
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
+from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
     LIVE_STATES,
@@ -28,6 +29,8 @@ from portal.deployments.models import (
     ObservedState,
     Strategy,
 )
+from portal.deployments.routing import route_path
+from portal.deployments.tasks import schedule
 from portal.registry.models import Model, ModelVersion, VersionState
 
 MAX_REPLICAS = 64
@@ -236,8 +239,6 @@ def act(deployment: Deployment, action: Action, *, actor: Actor, reason: str = "
 
 def kick(deployment: Deployment) -> None:
     """Have the controller look at the deployment as soon as this transaction commits."""
-    from portal.deployments.tasks import schedule  # tasks import this module
-
     transaction.on_commit(lambda: schedule(deployment.pk))
 
 
@@ -340,9 +341,6 @@ def waiting_for(version: ModelVersion) -> list[int]:
 def retire_idle_versioned() -> list[int]:
     """Retire Versioned deployments with no request for ``VERSIONED_IDLE_SECONDS``, never the
     newest version a model serves Versioned. Returns the retired deployments' ids."""
-    from portal.deployments.launchers import get_launcher
-    from portal.deployments.routing import route_path
-
     seen = get_launcher().last_requests()
     if seen is None:
         return []  # this launcher cannot tell when a route was last called: retire nothing
@@ -381,3 +379,20 @@ def retire_idle_versioned() -> list[int]:
         )
         retired.append(deployment.pk)
     return retired
+
+
+def versions_in_use() -> set[int]:
+    """Versions a live or recently finished deployment serves, may roll back to, or runs an
+    instance of: the model cache never evicts their files (registered with the cache in
+    ``DeploymentsConfig.ready``)."""
+    recent = timezone.now() - timedelta(seconds=settings.MODEL_CACHE_RECENT_USE_SECONDS)
+    deployments = Deployment.objects.filter(
+        Q(observed_state__in=LIVE_STATES) | Q(updated_at__gte=recent)
+    ).values_list("target_version_id", "previous_version_id")
+    used = {vid for pair in deployments for vid in pair if vid is not None}
+    used.update(
+        Instance.objects.exclude(state__in=[InstanceState.STOPPED, InstanceState.FAILED])
+        .values_list("version_id", flat=True)
+        .distinct()
+    )
+    return used

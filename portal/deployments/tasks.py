@@ -1,4 +1,5 @@
-"""Celery tasks of the rollout controller. Thin: the logic is in :mod:`.controller`.
+"""Celery tasks of the rollout controller. Thin: the logic is in :mod:`.controller` and
+:mod:`.services`, imported inside each task's body (services import this module to schedule).
 
 A deployment is looked at by a chain of ``reconcile_deployment`` tasks, each scheduling the
 next. A Redis marker keeps at most one pending task per deployment however often it is kicked,
@@ -10,7 +11,6 @@ from __future__ import annotations
 from celery import shared_task
 
 from portal.core.redis_clients import redis_client
-from portal.deployments import controller, services
 from portal.registry.models import ModelVersion
 
 
@@ -27,6 +27,8 @@ def schedule(deployment_id: int, delay: float = 0.0) -> None:
 
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> float | None:
+    from portal.deployments import controller
+
     redis_client().delete(_marker(deployment_id))
     delay = controller.reconcile(deployment_id)
     if delay is not None:
@@ -35,7 +37,10 @@ def reconcile_deployment(deployment_id: int) -> float | None:
 
 
 def wake_deployments_of(version: ModelVersion) -> None:
-    """A version changed state: deployments waiting for it need not wait for their next look."""
+    """A version became ready or failed: deployments waiting for it need not wait for their
+    next look (a hook of those states, registered in ``DeploymentsConfig.ready``)."""
+    from portal.deployments import services
+
     for deployment_id in services.waiting_for(version):
         schedule(deployment_id)
 
@@ -43,6 +48,8 @@ def wake_deployments_of(version: ModelVersion) -> None:
 @shared_task
 def redrive_deployments() -> list[int]:
     """Beat: restart the controller for every deployment not looked at recently."""
+    from portal.deployments import services
+
     client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:
@@ -54,6 +61,8 @@ def redrive_deployments() -> list[int]:
 @shared_task
 def clean_up_versioned() -> list[int]:
     """Beat: retire Versioned deployments nobody called for ``VERSIONED_IDLE_SECONDS``."""
+    from portal.deployments import services
+
     retired = services.retire_idle_versioned()
     for deployment_id in retired:
         schedule(deployment_id)

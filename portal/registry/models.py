@@ -156,6 +156,13 @@ class ModelVersion(models.Model):
     def team_id(self) -> int:
         return self.model.team_id
 
+    @property
+    def cache_tree(self) -> str:
+        """Where the version's weights live in the model cache, relative to
+        ``MODEL_CACHE_ROOT``: the one rule the copy (which writes them there) and packaging
+        (which points ``model.json`` at them) share."""
+        return f"models/{self.model.team.slug}/{self.model.slug}/{self.number}"
+
 
 class VersionEvent(AppendOnlyModel):
     """An append-only line of a version's lifecycle: which worker step moved it, when and why."""

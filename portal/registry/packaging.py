@@ -21,8 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
-from portal.cache.layout import tree_for
-from portal.registry.models import Backend, ModelVersion
+from portal.registry.lifecycle import transition_version
+from portal.registry.models import Backend, ModelVersion, VersionState
 from portal.registry.validation import (
     validate_engine_args,
     validate_io_spec,
@@ -56,7 +56,7 @@ def triton_model_name(version: ModelVersion) -> str:
 
 def weights_dir(version: ModelVersion) -> Path:
     """Where materialization leaves this version's weights and tokenizer in the model cache."""
-    return settings.MODEL_CACHE_ROOT / tree_for(version)
+    return settings.MODEL_CACHE_ROOT / version.cache_tree
 
 
 def packages_dir() -> Path:
@@ -199,8 +199,6 @@ def package_version(version: ModelVersion) -> ModelVersion:
     Idempotent: a ready version is left alone, a version found in ``packaging`` (a worker died
     midway) is packaged again, and the content-addressed store makes a rebuild a no-op.
     """
-    from portal.registry.lifecycle import transition_version
-    from portal.registry.models import VersionState
 
     version.refresh_from_db()
     if version.state == VersionState.READY:

@@ -11,10 +11,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from portal.accounts.models import Team
-from portal.cache.services import request_materialization
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.registry.lifecycle import transition_version
+from portal.registry.lifecycle import transition_version, version_created
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -123,7 +122,7 @@ def register_version(
             release=release,
             created_by=created_by,
         )
-        request_materialization(version)  # enqueued when the transaction commits
+        version_created(version)  # the cache copies its weights once this commits
     return version
 
 
@@ -134,12 +133,10 @@ def retry_version(version: ModelVersion, *, actor: Actor) -> ModelVersion:
             f"Version {version.number} is {version.state}; only failed versions are retried.",
             code="not_failed",
         )
-    with transaction.atomic():
-        version = transition_version(
-            version, VersionState.REGISTERED, reason="Retry requested.", actor=actor
-        )
-        request_materialization(version)
-    return version
+    # Back in registered, the cache copies its weights again (a hook of that state).
+    return transition_version(
+        version, VersionState.REGISTERED, reason="Retry requested.", actor=actor
+    )
 
 
 def update_version(version: ModelVersion, **fields: Any) -> ModelVersion:

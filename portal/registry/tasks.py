@@ -1,4 +1,6 @@
-"""Celery tasks of the registry. Thin: they load the version and call the service."""
+"""Celery tasks of the registry. Thin: they import the service inside their body, load the
+version and call it. What follows a packaged version (deployments waiting for it) is a hook of
+its new state (:mod:`portal.registry.lifecycle`), not a call from here."""
 
 from __future__ import annotations
 
@@ -6,15 +8,15 @@ import logging
 
 from celery import shared_task
 
-from portal.registry.models import ModelVersion
-from portal.registry.packaging import PackagingError, package_version
-
 log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True)
 def package_version_task(version_id: int) -> str:
     """Package a materialized version; safe to run twice or after a worker died midway."""
+    from portal.registry.models import ModelVersion
+    from portal.registry.packaging import PackagingError, package_version
+
     version = ModelVersion.objects.filter(pk=version_id).first()
     if version is None:
         return "missing"
@@ -23,7 +25,4 @@ def package_version_task(version_id: int) -> str:
     except PackagingError as exc:  # not materialized (yet, or any more): nothing to do
         log.info("skipping packaging of version %s: %s", version_id, exc)
         return "skipped"
-    from portal.deployments.tasks import wake_deployments_of  # deployments depend on registry
-
-    wake_deployments_of(version)
     return version.state
