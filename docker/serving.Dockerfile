@@ -32,14 +32,9 @@ RUN pip install --no-cache-dir --no-deps /opt/platform/src
 # with, and the schema checker for response_format.
 RUN pip install --no-cache-dir "tritonclient[grpc]" jsonschema
 
-# vLLM loads logits processors registered under the "vllm.logits_processors" entry point by
-# itself; fail the build if ours is not registered or does not import against this vLLM.
-RUN python3 -c "from importlib.metadata import entry_points; \
-    eps = {e.name: e for e in entry_points(group='vllm.logits_processors')}; \
-    cls = eps['constraint'].load(); print('constraint logits processor:', cls.__module__, cls.__name__)"
-
-# vLLM imports the processors a model.json names only when the model loads: fail the build if
-# the ones the packager writes (by qualified name) do not load against this vLLM.
+# vLLM loads the constraint processor only by the qualified name the packager writes into each
+# model.json (no entry point), and imports it only when the model loads: fail the build if the
+# names the packager writes do not load against this vLLM.
 RUN python3 -c "import sys; from serving.package import vllm_repository_files as files; \
     sys.stdout.buffer.write(files('m', 1, '/weights', {})['m/1/model.json'])" > /tmp/model.json \
     && python3 /opt/platform/check_vllm_backend.py --model-json /tmp/model.json \

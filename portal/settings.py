@@ -317,6 +317,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
-#: Constraint plugins (vLLM logits-processor plugins installed through entry points at instance
-#: start) that a version may ask for. Operators extend this list as they add plugins.
+#: Constraint plugins (vLLM logits processors, checked at instance start; the names map to
+#: classes in serving/instance/plugins.py) that a version may ask for. Operators extend this
+#: list as they add plugins.
 CONSTRAINT_PLUGINS = env_list("CONSTRAINT_PLUGINS", ["platform-constraints"])

@@ -97,9 +97,9 @@ def vllm_repository_files(
         **engine_args,
     }
     if takes_logits_processors(engine_args):
-        # The constraint processor, by name as well as through its entry point: only named
-        # processors make vLLM fill in real output token IDs under async scheduling (the
-        # default), and the processor reads those IDs.
+        # The constraint processor, by name: the only way vLLM loads it (the project registers
+        # no entry point), and only named processors make vLLM fill in real output token IDs
+        # under async scheduling (the default), which the processor reads.
         model_json["logits_processors"] = [LOGITS_PROCESSOR]
     config = vllm_config(name, number)
     if tool_call_parser:

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,18 @@ def test_serving_image_checks_the_backend_and_the_packaged_logits_processors():
         run.endswith("check_vllm_backend.py /opt/tritonserver/backends/vllm") for run in checks
     )
     assert sum("--model-json" in run for run in checks) == 1
+
+
+def test_serving_image_registers_the_processor_under_no_entry_point():
+    """The image installs pyproject.toml; vLLM would load a ``vllm.logits_processors`` entry
+    point into every engine beside the named one (twice for packaged models, and refused under
+    async scheduling for any other), so model.json's name is the only registration."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = project.get("entry-points", {})
+    assert not any(group.startswith("vllm.") for group in groups), groups
+    assert not any(
+        "entry_points" in run for _, run in dockerfile_instructions("serving.Dockerfile")
+    )
 
 
 def test_serving_image_logits_processor_check_passes_as_at_build_time(tmp_path):

@@ -30,7 +30,6 @@ token is the same either way; a masked token stays ``-inf`` whatever its bias.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,11 +56,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serving.constraints")
 
 FQCN = LOGITS_PROCESSOR
-
-# The platform names this class in ``logits_processors`` (so that vLLM fills in real token IDs
-# under async scheduling) and the entry point loads it too, so vLLM builds it twice for one
-# engine. The first instance per VllmConfig does the work; later ones stand aside.
-_working: dict[int, weakref.ReferenceType[ConstraintLogitsProcessor]] = {}
 
 
 def constraint_of(params: SamplingParams) -> ConstraintSpec | None:
@@ -106,15 +100,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
         model_config = vllm_config.model_config
         _refuse_unrepaired_placeholders(vllm_config)
-        self._config = vllm_config  # keeps id(vllm_config) from being reused while we live
-        first = _working.get(id(vllm_config))
-        self.stands_aside = first is not None and first() is not None
-        if self.stands_aside:
-            logger.info(
-                "constraint logits processor already loaded for this engine; this copy is idle"
-            )
-            return
-        _working[id(vllm_config)] = weakref.ref(self)
         tokenizer = AutoTokenizer.from_pretrained(
             model_config.tokenizer,
             revision=getattr(model_config, "tokenizer_revision", None),
@@ -150,7 +135,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self, engine: Engine, max_num_reqs: int, device: torch.device, is_pin_memory: bool
     ) -> None:
         self.engine = engine
-        self.stands_aside = False
         self.batch: Batch = engine.new_batch(max_num_reqs)
         # The engine writes the mask through a numpy view of a host buffer, pinned like vLLM's
         # own host buffers. For device logits the rows are copied to the device straight from
@@ -203,8 +187,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         ``apply`` only waits for it. Rows whose output list ends in a placeholder (async
         scheduling: the previous step's token is still on its way back from the device) are
         filled in ``apply``, once vLLM has written the token in."""
-        if self.stands_aside:
-            return
         if batch_update is not None:
             self._update(batch_update)
         if self._bias_changed:
@@ -330,8 +312,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._bias_values = _to_device(values, torch.float32, device, pin)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.stands_aside:
-            return logits
         if self._bias_changed:  # apply without update_state after the last change (tests)
             self._flatten_bias()
         self._apply_mask(logits)
@@ -400,10 +380,11 @@ def _eos_token_ids(tokenizer: Any, model_config: Any) -> list[int]:
 def _refuse_unrepaired_placeholders(vllm_config: VllmConfig) -> None:
     """With async scheduling, vLLM appends -1 placeholders to every request's output list and
     replaces them with the sampled IDs before the logits processors run only when the processor
-    was named in ``logits_processors``; an entry-point plugin alone does not turn that on
-    (``logitsprocs_need_output_token_ids=bool(model_config.logits_processors)`` in
-    ``gpu_model_runner.py``, vLLM 0.24.0). The engine would then never see a real token and
-    every constrained request would stay in its initial state, so refuse to start instead."""
+    was named in ``logits_processors`` (``logitsprocs_need_output_token_ids`` is set from that
+    list in ``gpu_model_runner.py``, vLLM 0.24.0). A processor vLLM builds without the name,
+    from a ``vllm.logits_processors`` entry point (this project registers none; an install of
+    an older version of it left one), would never see a real token and every constrained
+    request would stay in its initial state, so it refuses to start instead."""
     scheduler = vllm_config.scheduler_config
     if not getattr(scheduler, "async_scheduling", False):
         return

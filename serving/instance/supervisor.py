@@ -8,7 +8,9 @@ Steps, in this order, each logged as one JSON line with its duration (see
 :mod:`serving.instance.log`):
 
 1. ``unpack_package``: verify every checksum and unpack into ``<workdir>/repository``.
-2. ``install_plugins``: the package's vLLM plugins, through entry points.
+2. ``install_plugins``: the logits processors the package's ``constraint_plugins`` stand for,
+   imported as vLLM will import them by the names model.json gives
+   (:mod:`serving.instance.plugins`).
 3. ``clean_metrics_dir``: remove stale ``.db`` files from the multiprocess directory
    (``--multiproc-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``, else ``<workdir>/prometheus``): values
    of a previous run must not be summed into this one's.
@@ -183,12 +185,7 @@ async def run(args: argparse.Namespace) -> int:
         with step("install_plugins", exit_code=EXIT_REFUSED) as info:
             info["requested"] = manifest.get("constraint_plugins", [])
             installed = await asyncio.to_thread(install_plugins, info["requested"])
-            info.update(
-                logits_processors=installed.logits_processors,
-                general_plugins=installed.general_plugins,
-                failed=installed.failed,
-                loaded=installed.loaded,
-            )
+            info.update(logits_processors=installed.logits_processors, loaded=installed.loaded)
         if stop.is_set():
             return _stopped_during_startup("install_plugins")
         with step("clean_metrics_dir") as info:

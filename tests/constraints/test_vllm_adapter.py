@@ -17,7 +17,6 @@ makes of it (unbiased, unconstrained rows are untouched).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import (
     BatchUpdate,
     BatchUpdateBuilder,
-    LogitsProcessor,
     MoveDirectionality,
 )
 from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
@@ -698,26 +696,36 @@ def test_validate_params_accepts_one_logit_bias(params):
     ConstraintLogitsProcessor.validate_params(params)
 
 
-def test_vllm_finds_the_plugin_through_its_entry_point():
-    """Needs ``pip install -e .`` after the entry point was added to pyproject.toml."""
-    points = importlib.metadata.entry_points(group="vllm.logits_processors")
-    loaded = {point.name: point.load() for point in points}
-    assert loaded.get("constraint") is ConstraintLogitsProcessor
-    assert issubclass(ConstraintLogitsProcessor, LogitsProcessor)
+def test_vllm_loads_the_processor_by_the_name_model_json_gives():
+    """What vLLM 0.24 does with a packaged model.json's ``logits_processors``: its own loader
+    resolves the name to this class, and its admission check, given that list, runs the
+    class's ``validate_params``."""
+    from vllm.v1.sample.logits_processor import (
+        _load_logitsprocs_by_fqcns,
+        validate_logits_processors_parameters,
+    )
 
-    from vllm.v1.sample.logits_processor import validate_logits_processors_parameters
+    from serving.package import ENGINE_ARGS_FILE, vllm_repository_files
 
-    # vLLM's own admission check runs every installed plugin's validate_params.
+    model_json = json.loads(
+        vllm_repository_files("m", 1, "/weights", {})[f"m/1/{ENGINE_ARGS_FILE}"]
+    )
+    named = model_json["logits_processors"]
+    assert named == [FQCN]
+    assert _load_logitsprocs_by_fqcns(named) == [ConstraintLogitsProcessor]
+
     validate_logits_processors_parameters(
-        None, SamplingParams(extra_args={"constraint": '{"max_tokens": 4}'})
+        named, SamplingParams(extra_args={"constraint": '{"max_tokens": 4}'})
     )
     bad = SamplingParams(extra_args={"constraint": {"regex": "(?<=a)"}})
     with pytest.raises(ValueError, match="invalid constraint"):
-        validate_logits_processors_parameters(None, bad)
-    validate_logits_processors_parameters(None, SamplingParams(extra_args={"logit_bias": {"1": 2}}))
+        validate_logits_processors_parameters(named, bad)
+    validate_logits_processors_parameters(
+        named, SamplingParams(extra_args={"logit_bias": {"1": 2}})
+    )
     both = SamplingParams(logit_bias={1: 2.0}, extra_args={"logit_bias": {"1": 2}})
     with pytest.raises(ValueError, match="both set"):
-        validate_logits_processors_parameters(None, both)
+        validate_logits_processors_parameters(named, both)
 
 
 def vllm_config(tokenizer_path: str, *, async_scheduling: bool, named: list[Any]) -> Any:
@@ -774,38 +782,8 @@ def test_built_from_a_vllm_config(tokenizer_path, async_scheduling, named):
 
 def test_refuses_async_scheduling_when_vllm_would_not_fill_in_placeholders(tokenizer_path):
     """vLLM 0.24.0 replaces async -1 placeholders in output lists only for processors named in
-    ``logits_processors``; a plugin found through its entry point alone never sees a token."""
+    ``logits_processors``; one built without the name (from an entry point an older install
+    left) would never see a token."""
     config = vllm_config(tokenizer_path, async_scheduling=True, named=[])
     with pytest.raises(ValueError, match="async_scheduling=False"):
         ConstraintLogitsProcessor(config, torch.device("cpu"), False)
-
-
-def test_a_second_instance_for_the_same_engine_stands_aside(tokenizer_path):
-    """vLLM builds the processor once from the entry point and once from logits_processors;
-    only one of them may mask, or every step would do the work twice."""
-    config = vllm_config(tokenizer_path, async_scheduling=True, named=[FQCN])
-    first = ConstraintLogitsProcessor(config, torch.device("cpu"), False)
-    second = ConstraintLogitsProcessor(config, torch.device("cpu"), False)
-    assert not first.stands_aside and second.stands_aside
-    params = SamplingParams(extra_args={"constraint": {"choice": ["red"]}})
-    update = BatchUpdate(1, [], [(0, params, None, [])], [])
-    first.update_state(update)
-    second.update_state(update)
-    logits = torch.zeros(1, 300)
-    assert second.apply(logits) is logits and bool(torch.isfinite(logits).all())
-    first.apply(logits)
-    assert not bool(torch.isfinite(logits).all())
-    # The copy that stands aside does not add a bias either; only the working one does.
-    params, _ = biased({5: 2.0})
-    update = BatchUpdate(1, [], [(0, params, None, [])], [])
-    first.update_state(update)
-    second.update_state(update)
-    logits = torch.zeros(1, 300)
-    second.apply(logits)
-    assert not logits.any()
-    first.apply(logits)
-    assert bias_of(logits) == [{5: 2.0}]
-    other = ConstraintLogitsProcessor(
-        vllm_config(tokenizer_path, async_scheduling=True, named=[FQCN]), torch.device("cpu"), False
-    )
-    assert not other.stands_aside, "another engine's processor works for that engine"

@@ -18,8 +18,6 @@ from tests.serving.conftest import MODEL_NAME, write_repository
 from tests.serving.instance_helpers import Instance, build_package
 from tests.serving.kserve_helpers import start_kserve
 
-NO_PLUGINS = {"VLLM_PLUGINS": ""}
-
 
 def fake_tritonserver(directory: Path) -> tuple[Path, Path]:
     """An executable named ``tritonserver`` that writes its argv to a file and then runs the
@@ -43,7 +41,7 @@ def test_the_tritonserver_engine_runs_its_command_line_and_is_ready_by_health(
     instance = Instance(
         package,
         tmp_path / "work",
-        env={**NO_PLUGINS, "TRITONSERVER_BIN": str(script)},
+        env={"TRITONSERVER_BIN": str(script)},
         engine="tritonserver",
         drain_timeout=7,
     )
