@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         client = redis.Redis.from_url(env["REDIS_URL"])
         client.flushdb()
         MemoryLauncher.reset()
-        runs, ids = [], []
+        runs: list[dict[str, Any]] = []
+        ids: list[int] = []
         try:
             for n in sizes:
                 ids += build(n - len(ids), len(ids))

@@ -31,7 +31,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -218,12 +218,15 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
         table = routes()
         digests = {route.deployment_id: _digest(route) for route in table}
         digest = hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
-        last = client.hgetall(PUBLISHED_KEY)
-        if last.get("digest") == digest and last.get("format") == FORMAT:
-            record = last
-        else:
+        last = cast(dict[str, str], client.hgetall(PUBLISHED_KEY))  # decoded responses
+        record: dict[str, str] = last
+        if last.get("digest") != digest or last.get("format") != FORMAT:
             generation = get_launcher().set_traffic(table)
-            record = {"format": FORMAT, "digest": digest, "generation": str(generation)}
+            record = {
+                "format": FORMAT,
+                "digest": digest,
+                "generation": str(generation),
+            }
             for pk, route_digest in digests.items():
                 # A route unchanged since the last table keeps the generation it had there.
                 before = last.get(f"route:{pk}", "") if last.get("format") == FORMAT else ""
@@ -233,7 +236,7 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
                 record[f"route:{pk}"] = f"{since}:{route_digest}"
             with client.pipeline(transaction=True) as pipe:
                 pipe.delete(PUBLISHED_KEY)
-                pipe.hset(PUBLISHED_KEY, mapping=record)
+                pipe.hset(PUBLISHED_KEY, mapping=cast(dict[Any, Any], record))
                 pipe.execute()
     mine_now = record.get(f"route:{deployment.pk}") if deployment is not None else None
     return int((mine_now or record["generation"]).partition(":")[0])

@@ -34,7 +34,7 @@ def world(team, release, artifact_root, cpu_instance_type):
 
     def serve(count: int, replicas: int = 2) -> list[Deployment]:
         """``count`` more models, each with a Red-Black deployment serving on ``replicas``."""
-        fresh = []
+        fresh: list[Deployment] = []
         for _ in range(count):
             model = make_model(team, f"m{len(made) + len(fresh)}")
             fresh.append(
@@ -66,7 +66,7 @@ def queries_of_reconcile(deployment: Deployment) -> list[str]:
 
 
 def ready_instance(deployment: Deployment) -> str:
-    return deployment.instances.filter(state="ready").order_by("pk").first().name
+    return deployment.instances.filter(state="ready").order_by("pk")[0].name
 
 
 def test_a_reconcile_costs_the_same_queries_at_3_and_30_deployments(world):
@@ -145,7 +145,7 @@ def test_a_change_left_unpublished_by_a_dead_worker_is_published_before_anything
     [deployment] = world(1)
     M.auto_apply = False
     # A worker marked an instance draining, then died before publishing.
-    row = deployment.instances.filter(state="ready").first()
+    row = deployment.instances.filter(state="ready")[0]
     transition_instance(row, "draining", message="scaled down")
     published = M.generation
     controller.reconcile(deployment.pk)
