@@ -7,17 +7,19 @@ document). So a worker killed between two publications leaves a table the next o
 replaces, and two controllers publishing at once cannot leave a stale one behind.
 
 What scales with the number of deployments is kept out of the common step. Every reconcile asks
-:func:`publish` for *its own* deployment: it computes that one route (a fixed number of queries,
-whatever the number of deployments) and compares its digest with the one recorded for it when
-the last table was published. Only when they differ (its traffic or its ready instances
-changed, or it left or joined the live set) is the whole table built again, with a fixed number
-of queries too (deployments, their ready instances, the versions a split names that have none),
-and published. A serving deployment whose instances stay as they are therefore never pays for
-the others; a step that changes routing pays one build of the table, and one published by a
-concurrent worker after the change is reused rather than repeated. This was chosen over
-patching the table per route because the launcher interface and the gateway's table stay whole
-documents (a Kubernetes launcher syncs every Service and HTTPRoute from it, and the gateway swaps
-its table whole), so the crash-safety argument above does not change.
+:func:`publish` for *its own* deployment: it computes that one route from the deployment and
+instance rows the step holds (no query; :func:`route_of`) and compares its digest with the one
+recorded for it in Redis when the last table was published. Only when they differ (its traffic or
+its ready instances changed, or it left or joined the live set) is the whole table built again from
+the database, in a fixed number of queries too (deployments, their ready instances, the versions a
+split names that have none), and published. The comparison is with what was published, not with
+what the step did, so a change that a worker killed before publishing left behind is published by
+the deployment's next step. A serving deployment whose instances stay as they are therefore never
+pays for the others; a step that changes routing pays one build of the table, and one published by
+a concurrent worker after the change is reused rather than repeated. This was chosen over patching
+the table per route because the launcher interface and the gateway's table stay whole documents (a
+Kubernetes launcher syncs every Service and HTTPRoute from it, and the gateway swaps its table
+whole), so the crash-safety argument above does not change.
 
 An instance is stopped only once a table without it is applied (:func:`.instances.stop_drained`).
 :func:`publish` answers for a deployment with the generation of the first table in which its
