@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
@@ -70,7 +71,9 @@ def reconcile(deployment_id: int) -> float | None:
             Deployment.objects.select_related(
                 "model__team",
                 "target_version__release",
+                "target_version__model__team",
                 "previous_version__release",
+                "previous_version__model__team",
                 "instance_type",
             )
             .filter(pk=deployment_id)
@@ -78,10 +81,11 @@ def reconcile(deployment_id: int) -> float | None:
         )
         if deployment is None:
             return None
+        view = None
         try:
             view = instances.sync(deployment)
             delay = _STEPS[deployment.observed_state](deployment, view)
-            instances.stop_drained(deployment, view, routing.publish())
+            instances.stop_drained(deployment, view, routing.publish(deployment, view.rows))
         except Exception as exc:  # a launcher or its API failing: say so, and try again
             log.exception("reconciling deployment %s failed", deployment_id)
             Deployment.objects.filter(pk=deployment_id).update(
@@ -89,7 +93,10 @@ def reconcile(deployment_id: int) -> float | None:
                 f"{ERROR_RETRY_SECONDS:.0f} s: {exc!r}"
             )
             delay = ERROR_RETRY_SECONDS
-        Deployment.objects.filter(pk=deployment_id).update(last_reconciled_at=timezone.now())
+        with transaction.atomic():  # the step's bookkeeping in one commit
+            if view is not None:
+                instances.record_seen(view)
+            Deployment.objects.filter(pk=deployment_id).update(last_reconciled_at=timezone.now())
         return delay
     finally:
         # A lock that expired (a step longer than LOCK_SECONDS) has nothing left to undo.
@@ -325,7 +332,7 @@ def _scale(deployment: Deployment, view: View) -> float:
         )
     traffic = _traffic(deployment, percent)
     _update(deployment, traffic=traffic, step={**deployment.step, "phase": "shift"})
-    generation = routing.publish()
+    generation = routing.publish(deployment, view.rows)
     _update(deployment, step={**deployment.step, "generation": generation})
     _note(
         deployment,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -35,6 +37,8 @@ class View:
 
     rows: list[Instance]
     observed: dict[str, ObservedInstance] = field(default_factory=dict)
+    #: When the launcher was asked (see :func:`record_seen`).
+    seen_at: datetime | None = None
 
     def _of(self, version: ModelVersion, states: tuple[str, ...]) -> list[Instance]:
         return [r for r in self.rows if r.version_id == version.pk and r.state in states]
@@ -89,7 +93,18 @@ def sync(deployment: Deployment) -> View:
         age = time.time() - row.created_at.timestamp()
         if row.state not in FINAL and row.name not in observed and age > LOST_AFTER_SECONDS:
             transition_instance(row, S.FAILED, message="its launcher no longer sees it")
-    return View(rows=_rows(deployment), observed=observed)
+    # The rows are current: each transition and write above updated its row in place.
+    return View(rows=list(rows.values()), observed=observed, seen_at=timezone.now())
+
+
+def record_seen(view: View) -> None:
+    """Stamp ``last_health_at`` on every row the launcher showed in ``view``: one write for all
+    of them, which the controller makes in the same commit as its own bookkeeping."""
+    seen = [r for r in view.rows if r.name in view.observed and r.state not in FINAL]
+    if seen:
+        Instance.objects.filter(pk__in=[r.pk for r in seen]).update(last_health_at=view.seen_at)
+        for row in seen:
+            row.last_health_at = view.seen_at
 
 
 def adopt(deployment: Deployment, version: ModelVersion, names: list[str]) -> None:
@@ -123,9 +138,8 @@ def stop_drained(deployment: Deployment, view: View, generation: int) -> None:
     table that no longer lists them (``generation``) is applied everywhere."""
     launcher = get_launcher()
     pending: dict[int, list[Instance]] = {}
-    for row in Instance.objects.filter(deployment=deployment, state=S.DRAINING).select_related(
-        "version__release"
-    ):
+    # The view's rows are current: the step's own retirements marked them draining in place.
+    for row in (r for r in view.rows if r.state == S.DRAINING):
         seen = view.observed.get(row.name)
         if seen is None or seen.health in (Health.READY, Health.STARTING, Health.UNHEALTHY):
             pending.setdefault(row.version_id, []).append(row)
@@ -156,7 +170,9 @@ def _create(deployment: Deployment, version: ModelVersion, name: str) -> Instanc
 
 
 def _apply(row: Instance, seen: ObservedInstance) -> Instance:
-    """Move the row to what the launcher sees; final rows never move again."""
+    """Move the row to what the launcher sees; final rows never move again. A row already in
+    the state the launcher shows is not written (its ``last_health_at`` is, by
+    :func:`record_seen`, for every row at once), so a steady instance costs no query of its own."""
     if row.state in FINAL:
         return row
     health = seen.health
@@ -169,18 +185,22 @@ def _apply(row: Instance, seen: ObservedInstance) -> Instance:
             transition_instance(row, S.DRAINING, message="stopping")
         transition_instance(row, S.STOPPED, message=seen.message)
     elif health == Health.DRAINING:
-        transition_instance(row, S.DRAINING, message=seen.message)
+        if row.state != S.DRAINING:
+            transition_instance(row, S.DRAINING, message=seen.message)
     elif row.state == S.DRAINING:
         pass  # retired by the controller; stop_drained() tells the launcher when it is safe
     elif health == Health.READY:
-        transition_instance(row, S.READY, message="passed its health check")
+        if row.state != S.READY:
+            transition_instance(row, S.READY, message="passed its health check")
     elif health == Health.UNHEALTHY and row.state == S.READY:
         transition_instance(row, S.UNHEALTHY, message=seen.message)
-    changes: dict[str, object] = {"last_health_at": timezone.now()}
+    changes: dict[str, Any] = {}
     if seen.endpoints and seen.endpoints != row.endpoints:
         changes["endpoints"] = seen.endpoints
     if health == Health.READY and row.ready_at is None and row.state == S.READY:
         changes["ready_at"] = timezone.now()
-    Instance.objects.filter(pk=row.pk).update(**changes)
-    row.refresh_from_db()
+    if changes:
+        Instance.objects.filter(pk=row.pk).update(**changes)
+        for name, value in changes.items():
+            setattr(row, name, value)
     return row

@@ -28,10 +28,12 @@ class MemoryLauncher(Launcher):
     auto_apply: ClassVar[bool] = True
     started: ClassVar[int] = 0
     stop_calls: ClassVar[list[str]] = []
+    #: set key → names in ``table``, so observing one set does not scan every instance.
+    by_set: ClassVar[dict[str, list[str]]] = {}
 
     @classmethod
     def reset(cls) -> None:
-        cls.table, cls.routes, cls.stop_calls = {}, [], []
+        cls.table, cls.routes, cls.stop_calls, cls.by_set = {}, [], [], {}
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
 
@@ -41,6 +43,7 @@ class MemoryLauncher(Launcher):
             MemoryLauncher.started += 1
             name = f"{version_set.key}-{MemoryLauncher.started}"
             self.table[name] = [version_set.key, version_set.version, Health.STARTING, ""]
+            self.by_set.setdefault(version_set.key, []).append(name)
             names.append(name)
         return names
 
@@ -52,14 +55,16 @@ class MemoryLauncher(Launcher):
 
     def observe(self, version_set: VersionSet) -> list[ObservedInstance]:
         return [
-            ObservedInstance(name, health, {}, message)
-            for name, (key, _, health, message) in self.table.items()
-            if key == version_set.key
+            ObservedInstance(name, self.table[name][2], {}, self.table[name][3])
+            for name in self.by_set.get(version_set.key, [])
+            if name in self.table
         ]
 
     def forget(self, version_set: VersionSet, names: list[str]) -> None:
         for name in names:
             self.table.pop(name, None)
+            if name in self.by_set.get(version_set.key, []):
+                self.by_set[version_set.key].remove(name)
 
     def set_traffic(self, routes: list[Route]) -> int:
         MemoryLauncher.routes = routes
