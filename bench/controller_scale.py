@@ -80,9 +80,9 @@ def build(n: int, start: int) -> list[int]:
     """``n`` models with one ready version and one Red-Black deployment each (pending)."""
     from portal.accounts.models import Team
     from portal.core.actors import Actor
-    from portal.core.transitions import transition_version
     from portal.deployments.models import InstanceType
     from portal.deployments.services import create_deployment
+    from portal.registry.lifecycle import transition_version
     from portal.registry.services import create_model, register_version
 
     actor = Actor(label="bench")

@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from portal.core.actors import Actor
-from portal.core.transitions import transition_instance
 from portal.deployments import controller, routing, services
 from portal.deployments.launchers.base import Health
+from portal.deployments.lifecycle import transition_instance
 from portal.deployments.models import Deployment
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import ready_version, step
