@@ -285,3 +285,26 @@ def test_an_api_call_naming_only_the_version_keeps_the_live_settings(world, memb
     again = client.post("/api/v1/deployments/", body, format="json")
     assert (again.status_code, again.json()["id"]) == (200, live.pk)
     assert DeploymentEvent.objects.count() == events
+
+
+def test_the_current_stage_percent_has_one_home(world, member):
+    from rest_framework.test import APIClient
+
+    from portal.web.summaries import stage_label
+
+    deployment = make_deployment(world.model, world.versions[0], world.cpu)
+    client = APIClient()
+    client.force_login(member)
+
+    def seen() -> tuple:
+        deployment.refresh_from_db()
+        body = client.get(f"/api/v1/deployments/{deployment.pk}/").json()
+        return deployment.stage_percent, body["stage_percent"], stage_label(deployment)
+
+    assert seen() == (None, None, "not started")
+    Deployment.objects.filter(pk=deployment.pk).update(
+        current_stage=2, observed_state="progressing"
+    )
+    assert seen() == (50, 50, "stage 2 of 3 (50% on v1)")
+    Deployment.objects.filter(pk=deployment.pk).update(current_stage=4)  # past the last: none
+    assert seen() == (None, None, "not started")
