@@ -163,11 +163,22 @@ def test_create_defaults(client, model, v1, cpu_instance_type):
 
 
 def test_one_live_red_black_per_model(client, model, v1, v2, red_black):
+    # Deploying Red-Black onto the model's live Red-Black deployment rolls that one (see
+    # tests/test_deploy_rule.py); while its own rollout is under way, that is a conflict.
     with nothing_created():
         response = client.post(DEPLOYMENTS, deploy_body(model, v2), format="json")
     error = api_error(response, 409, "conflict")
-    assert "already has a live Red-Black deployment" in error["message"]
-    assert f"deployment {red_black.pk}" in error["message"]
+    assert f"Cannot roll deployment {red_black.pk}, this model's live Red-Black" in error["message"]
+    assert "already under way (pending)" in error["message"]
+
+    serve(red_black)
+    rolled = ok(client.post(DEPLOYMENTS, deploy_body(model, v2), format="json"), 200)
+    assert (rolled["id"], rolled["target_version"], rolled["previous_version"]) == (
+        red_black.pk,
+        2,
+        1,
+    )
+    assert Deployment.objects.count() == 1
 
     # Once the first is no longer live, a new one may be created.
     transition_deployment(red_black, ObservedState.ABORTED, reason="gone")

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from portal.accounts.models import Team
 from portal.cache.models import Materialization
+from portal.deployments import limits
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
@@ -213,10 +214,7 @@ class DeploymentOut(serializers.ModelSerializer):
         return call_endpoints(deployment).as_dict()
 
     def get_stage_percent(self, deployment: Deployment) -> int | None:
-        stage = deployment.current_stage
-        if stage < 1 or stage > len(deployment.stages):
-            return None
-        return int(deployment.stages[stage - 1])
+        return deployment.stage_percent
 
     @extend_schema_field(InstanceBriefOut(many=True))
     def get_instances(self, deployment: Deployment) -> list[dict[str, Any]]:
@@ -298,42 +296,70 @@ class VersionUpdateIn(NoOverridesInput):
     tool_call_parser = serializers.ChoiceField(choices=ToolCallParser.choices, required=False)
 
 
+def _stages_field(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.IntegerField(
+            min_value=limits.STAGE_PERCENT.min, max_value=limits.STAGE_PERCENT.max
+        ),
+        required=False,
+        max_length=limits.MAX_STAGES,
+        **kwargs,
+    )
+
+
+def _setting_field(name: str, **kwargs: Any) -> serializers.Field:
+    """A rollout setting's field with its bounds from :mod:`portal.deployments.limits`."""
+    bounds = limits.BOUNDS[name]
+    if isinstance(bounds, limits.IntBounds):
+        return serializers.IntegerField(
+            min_value=bounds.min, max_value=bounds.max, required=False, **kwargs
+        )
+    return serializers.FloatField(
+        min_value=bounds.min, max_value=bounds.max, required=False, **kwargs
+    )
+
+
+_KEEPS = " Omitted when rolling the model's live Red-Black deployment: it keeps its own."
+
+
 class DeploymentCreateIn(StrictInput):
+    """Deploy a version. Red-Black onto a model whose Red-Black deployment is live rolls that
+    deployment onto the version (answered 200, not 201): see ``deploy`` in the services."""
+
     model = serializers.IntegerField(min_value=1)
     strategy = serializers.ChoiceField(choices=Strategy.choices)
     version = serializers.IntegerField(min_value=1, help_text="Id of the version to serve.")
-    replicas = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    replicas = _setting_field(
+        "replicas", help_text=f"Default {limits.REPLICAS.default} for a new deployment.{_KEEPS}"
+    )
     instance_type = serializers.SlugField(max_length=63)
-    stages = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=10
+    stages = _stages_field(
+        help_text=f"Default {list(limits.DEFAULT_STAGES)} for a new deployment.{_KEEPS}"
     )
-    bake_seconds = serializers.IntegerField(min_value=0, max_value=24 * 3600, default=60)
-    health_deadline_seconds = serializers.IntegerField(
-        min_value=1,
-        max_value=24 * 3600,
-        default=600,
-        help_text="Each new instance must pass its health check within this long.",
+    bake_seconds = _setting_field(
+        "bake_seconds",
+        help_text=f"Default {limits.BAKE_SECONDS.default} for a new deployment.{_KEEPS}",
     )
-    max_error_rate = serializers.FloatField(
-        min_value=0.0,
-        max_value=1.0,
-        default=0.05,
-        help_text="Share of failed requests on the new version during a bake that rolls back.",
+    health_deadline_seconds = _setting_field(
+        "health_deadline_seconds",
+        help_text="Each new instance must pass its health check within this long. Default "
+        f"{limits.HEALTH_DEADLINE_SECONDS.default} for a new deployment.{_KEEPS}",
+    )
+    max_error_rate = _setting_field(
+        "max_error_rate",
+        help_text="Share of failed requests on the new version during a bake that rolls back. "
+        f"Default {limits.MAX_ERROR_RATE.default} for a new deployment.{_KEEPS}",
     )
     allow_io_change = serializers.BooleanField(default=False)
 
 
 class DeploymentUpdateIn(StrictInput):
     version = serializers.IntegerField(min_value=1, required=False)
-    replicas = serializers.IntegerField(min_value=1, max_value=64, required=False)
-    stages = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=10
-    )
-    bake_seconds = serializers.IntegerField(min_value=0, max_value=24 * 3600, required=False)
-    health_deadline_seconds = serializers.IntegerField(
-        min_value=1, max_value=24 * 3600, required=False
-    )
-    max_error_rate = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    replicas = _setting_field("replicas")
+    stages = _stages_field()
+    bake_seconds = _setting_field("bake_seconds")
+    health_deadline_seconds = _setting_field("health_deadline_seconds")
+    max_error_rate = _setting_field("max_error_rate")
     allow_io_change = serializers.BooleanField(
         required=False,
         help_text="Roll out Red-Black although the new version's interface differs.",

@@ -210,9 +210,13 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
     team_field = "model__team"
     ordering_fields = ["created_at", "updated_at"]
 
-    @extend_schema(request=s.DeploymentCreateIn, responses={201: s.DeploymentOut})
+    @extend_schema(
+        request=s.DeploymentCreateIn, responses={201: s.DeploymentOut, 200: s.DeploymentOut}
+    )
     @idempotent
     def create(self, request):
+        """Deploy a version: a new deployment (201), or, Red-Black onto a model whose Red-Black
+        deployment is live, that deployment rolled onto the version (200)."""
         data = self.valid_input(s.DeploymentCreateIn)
         model = self.readable(Model.objects.all(), data["model"], "model", "team")
         self.require_write(model.team_id)
@@ -224,20 +228,24 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             raise ValidationError(
                 {"instance_type": [f"No instance type {data['instance_type']!r}."]}
             )
-        deployment = deployment_services.create_deployment(
+        deployed = deployment_services.deploy(
             model=model,
             strategy=data["strategy"],
             version=version,
             instance_type=instance_type,
             actor=self.actor,
-            replicas=data["replicas"],
+            replicas=data.get("replicas"),
             stages=data.get("stages"),
-            bake_seconds=data["bake_seconds"],
-            health_deadline_seconds=data["health_deadline_seconds"],
-            max_error_rate=data["max_error_rate"],
+            bake_seconds=data.get("bake_seconds"),
+            health_deadline_seconds=data.get("health_deadline_seconds"),
+            max_error_rate=data.get("max_error_rate"),
             allow_io_change=data["allow_io_change"],
         )
-        return self.answer(s.DeploymentOut, deployment, status.HTTP_201_CREATED)
+        return self.answer(
+            s.DeploymentOut,
+            deployed.deployment,
+            status.HTTP_201_CREATED if deployed.created else status.HTTP_200_OK,
+        )
 
     @extend_schema(parameters=[s.AdviceQuery], responses=s.AdviceOut)
     @action(detail=False, methods=["get"], url_path="advice")

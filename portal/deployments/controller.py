@@ -143,7 +143,8 @@ def _start(deployment: Deployment, version: ModelVersion, count: int, why: str) 
 def _percent(deployment: Deployment) -> int:
     if deployment.previous_version_id is None or deployment.strategy == Strategy.VERSIONED:
         return 100
-    return int(deployment.stages[max(deployment.current_stage, 1) - 1])
+    # Entering PROGRESSING sets stage 1, so there is always a current stage here.
+    return deployment.stage_percent or deployment.stages[0]
 
 
 def _new_count(replicas: int, percent: int) -> int:

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 
 from portal.core.models import AppendOnlyModel
+from portal.deployments import limits
+from portal.deployments.limits import default_stages  # the initial migration names it here
 from portal.registry.models import Model, ModelVersion
 
 
@@ -92,10 +94,6 @@ LIVE_STATES = (
 )
 
 
-def default_stages() -> list[int]:
-    return [10, 50, 100]
-
-
 class Deployment(models.Model):
     """A model served with one strategy.
 
@@ -110,16 +108,20 @@ class Deployment(models.Model):
     previous_version = models.ForeignKey(
         ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    replicas = models.PositiveSmallIntegerField(default=1)
+    #: Bounds and defaults of the rollout settings: :mod:`portal.deployments.limits`, which the
+    #: service enforces (the admin cannot change a deployment).
+    replicas = models.PositiveSmallIntegerField(default=limits.REPLICAS.default)
     instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
     #: Percent of traffic on the new version after each stage; the last is always 100.
     stages = models.JSONField(default=default_stages)
-    bake_seconds = models.PositiveIntegerField(default=60)
+    bake_seconds = models.PositiveIntegerField(default=limits.BAKE_SECONDS.default)
     #: A new instance must pass its health check within this long of being started.
-    health_deadline_seconds = models.PositiveIntegerField(default=600)
+    health_deadline_seconds = models.PositiveIntegerField(
+        default=limits.HEALTH_DEADLINE_SECONDS.default
+    )
     #: During a stage's bake, the new version's share of failed inference requests (from its
     #: instances' own metrics) above which the rollout is rolled back.
-    max_error_rate = models.FloatField(default=0.05)
+    max_error_rate = models.FloatField(default=limits.MAX_ERROR_RATE.default)
     #: Roll out Red-Black even though the new version's I/O spec differs from the serving one.
     allow_io_change = models.BooleanField(default=False)
     desired_state = models.CharField(
@@ -168,6 +170,15 @@ class Deployment(models.Model):
     @property
     def team_id(self) -> int:
         return self.model.team_id
+
+    @property
+    def stage_percent(self) -> int | None:
+        """Traffic percent on the target version that the current stage asks for; ``None``
+        before the first stage. The one place this is computed (API, pages, controller)."""
+        stage = self.current_stage
+        if stage < 1 or stage > len(self.stages):
+            return None
+        return int(self.stages[stage - 1])
 
 
 class LauncherKind(models.TextChoices):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +15,7 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
+from portal.deployments import limits
 from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
@@ -33,29 +33,8 @@ from portal.deployments.routing import route_path
 from portal.deployments.tasks import schedule
 from portal.registry.models import Model, ModelVersion, VersionState
 
-MAX_REPLICAS = 64
-MAX_BAKE_SECONDS = 24 * 3600
 #: What an update may change about how the next stages roll out.
 ROLLOUT_SETTINGS = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
-
-
-def validate_stages(stages: object) -> list[int]:
-    valid = (
-        isinstance(stages, list)
-        and 1 <= len(stages) <= 10
-        and all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 100 for s in stages)
-        and all(a < b for a, b in itertools.pairwise(stages))
-        and stages[-1] == 100
-    )
-    if not valid:
-        raise ValidationError(
-            {
-                "stages": [
-                    "Must be 1 to 10 increasing traffic percentages ending at 100, e.g. [10, 50, 100]."
-                ]
-            }
-        )
-    return stages  # type: ignore[return-value]
 
 
 def _check_version(model: Model, version: ModelVersion) -> None:
@@ -71,6 +50,102 @@ def _check_version(model: Model, version: ModelVersion) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Deployed:
+    """What :func:`deploy` did: ``created`` a new deployment, or rolled the model's live
+    Red-Black deployment onto the version (``created`` false)."""
+
+    deployment: Deployment
+    created: bool
+
+
+def deploy(
+    *,
+    model: Model,
+    strategy: str,
+    version: ModelVersion,
+    instance_type: InstanceType,
+    actor: Actor,
+    replicas: int | None = None,
+    stages: list[int] | None = None,
+    bake_seconds: int | None = None,
+    health_deadline_seconds: int | None = None,
+    max_error_rate: float | None = None,
+    allow_io_change: bool = False,
+) -> Deployed:
+    """Serve ``version`` of ``model`` with ``strategy``: the one thing both the deploy page and
+    ``POST /api/v1/deployments/`` do, so the same request has the same outcome in both.
+
+    The rule: a model has one Red-Black endpoint, and deploying a version Red-Black onto a
+    model whose Red-Black deployment is live rolls *that* deployment to the version (a staged
+    rollout that rolls back to the serving version by itself on failure), exactly as updating
+    its version would. Whoever deploys v5 Red-Black asks for v5 on the model's stable endpoint,
+    and rolling the live deployment is the only way to give it; refusing (the API's old 409)
+    only sent them to ``PATCH`` the deployment to do the same thing, and the deploy page has no
+    other way to roll out a version. So:
+
+    - Settings not given keep the live deployment's values (a call naming only the version
+      never scales a deployment down to the defaults); given ones change it, recorded as an
+      update.
+    - The instance type is the live deployment's: a rollout cannot move the endpoint to another
+      machine shape, so another one is refused (400) rather than silently ignored.
+    - A rollout already under way, or an interface change without ``allow_io_change``, is
+      refused as for an update (409 / 400), naming the deployment.
+    - Versioned, or nothing live Red-Black: a new deployment, with the defaults of
+      :mod:`portal.deployments.limits` for settings not given; a version already served
+      Versioned by a live deployment is a conflict (409).
+    """
+    settings_given = {
+        "stages": stages,
+        "bake_seconds": bake_seconds,
+        "health_deadline_seconds": health_deadline_seconds,
+        "max_error_rate": max_error_rate,
+    }
+    limits.check_settings(replicas=replicas, **settings_given)
+    live = live_red_black(model) if strategy == Strategy.RED_BLACK else None
+    if live is None:
+        deployment = create_deployment(
+            model=model,
+            strategy=strategy,
+            version=version,
+            instance_type=instance_type,
+            actor=actor,
+            replicas=replicas,
+            stages=stages,
+            bake_seconds=bake_seconds,
+            health_deadline_seconds=health_deadline_seconds,
+            max_error_rate=max_error_rate,
+            allow_io_change=allow_io_change,
+        )
+        return Deployed(deployment, created=True)
+    if instance_type.pk != live.instance_type_id:
+        raise ValidationError(
+            {
+                "instance_type": [
+                    f"Deployment {live.pk} serves this model Red-Black on {live.instance_type}, "
+                    f"and a rollout keeps its instance type: choose {live.instance_type}, or "
+                    f"deploy v{version.number} Versioned to serve it on {instance_type}."
+                ]
+            }
+        )
+    _check_version(model, version)
+    try:
+        deployment = update_deployment(
+            live,
+            actor=actor,
+            version=version,
+            replicas=replicas,
+            allow_io_change=allow_io_change,
+            **{k: v for k, v in settings_given.items() if v is not None},
+        )
+    except Conflict as exc:
+        raise Conflict(
+            f"Cannot roll deployment {live.pk}, this model's live Red-Black deployment, onto "
+            f"v{version.number}: {exc.message}"
+        ) from exc
+    return Deployed(deployment, created=False)
+
+
 def create_deployment(
     *,
     model: Model,
@@ -78,19 +153,36 @@ def create_deployment(
     version: ModelVersion,
     instance_type: InstanceType,
     actor: Actor,
-    replicas: int = 1,
+    replicas: int | None = None,
     stages: list[int] | None = None,
-    bake_seconds: int = 60,
-    health_deadline_seconds: int = 600,
-    max_error_rate: float = 0.05,
+    bake_seconds: int | None = None,
+    health_deadline_seconds: int | None = None,
+    max_error_rate: float | None = None,
     allow_io_change: bool = False,
 ) -> Deployment:
-    """Ask for ``version`` to be served. A version not yet ready is waited for by the controller,
-    and one whose weights were evicted from the model cache is copied back first."""
+    """Create a deployment serving ``version`` (people deploy through :func:`deploy`). A
+    version not yet ready is waited for by the controller, and one whose weights were evicted
+    from the model cache is copied back first. Settings not given take the defaults of
+    :mod:`portal.deployments.limits`."""
     _check_version(model, version)
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
-    stages = validate_stages(stages if stages is not None else [10, 50, 100])
+    replicas = limits.REPLICAS.default if replicas is None else replicas
+    stages = limits.default_stages() if stages is None else stages
+    bake_seconds = limits.BAKE_SECONDS.default if bake_seconds is None else bake_seconds
+    health_deadline_seconds = (
+        limits.HEALTH_DEADLINE_SECONDS.default
+        if health_deadline_seconds is None
+        else health_deadline_seconds
+    )
+    max_error_rate = limits.MAX_ERROR_RATE.default if max_error_rate is None else max_error_rate
+    limits.check_settings(
+        replicas=replicas,
+        stages=stages,
+        bake_seconds=bake_seconds,
+        health_deadline_seconds=health_deadline_seconds,
+        max_error_rate=max_error_rate,
+    )
     deployment = Deployment(
         model=model,
         strategy=strategy,
@@ -149,8 +241,7 @@ def update_deployment(
     unknown = set(rollout) - set(ROLLOUT_SETTINGS)
     if unknown:
         raise TypeError(f"unknown rollout settings: {sorted(unknown)}")
-    if "stages" in rollout:
-        validate_stages(rollout["stages"])
+    limits.check_settings(replicas=replicas, **rollout)
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if locked.observed_state not in LIVE_STATES:

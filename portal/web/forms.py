@@ -13,8 +13,8 @@ from django.core.exceptions import ValidationError
 
 from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
+from portal.deployments import limits
 from portal.deployments.models import InstanceType, Strategy
-from portal.deployments.services import MAX_BAKE_SECONDS, MAX_REPLICAS
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -164,26 +164,36 @@ class DeployForm(forms.Form):
     strategy = forms.ChoiceField(
         choices=Strategy.choices, initial=Strategy.RED_BLACK, widget=forms.RadioSelect
     )
-    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, initial=1)
+    replicas = forms.IntegerField(
+        min_value=limits.REPLICAS.min,
+        max_value=limits.REPLICAS.max,
+        initial=limits.REPLICAS.default,
+    )
     instance_type = forms.ModelChoiceField(
         queryset=InstanceType.objects.filter(is_active=True), empty_label=None
     )
     stages = forms.CharField(
-        initial="10, 50, 100",
+        initial=", ".join(str(s) for s in limits.DEFAULT_STAGES),
         help_text="Traffic percent on the new version after each stage, ending at 100.",
     )
     bake_seconds = forms.IntegerField(
-        min_value=0,
-        max_value=MAX_BAKE_SECONDS,
-        initial=60,
+        min_value=limits.BAKE_SECONDS.min,
+        max_value=limits.BAKE_SECONDS.max,
+        initial=limits.BAKE_SECONDS.default,
         label="Bake time (seconds)",
         help_text="How long each stage is watched before the next.",
     )
     health_deadline_seconds = forms.IntegerField(
-        min_value=1, initial=600, label="Health deadline (seconds)"
+        min_value=limits.HEALTH_DEADLINE_SECONDS.min,
+        max_value=limits.HEALTH_DEADLINE_SECONDS.max,
+        initial=limits.HEALTH_DEADLINE_SECONDS.default,
+        label="Health deadline (seconds)",
     )
     max_error_rate = forms.FloatField(
-        min_value=0, max_value=1, initial=0.05, label="Roll back above this error rate"
+        min_value=limits.MAX_ERROR_RATE.min,
+        max_value=limits.MAX_ERROR_RATE.max,
+        initial=limits.MAX_ERROR_RATE.default,
+        label="Roll back above this error rate",
     )
     allow_io_change = forms.BooleanField(
         required=False,

@@ -129,10 +129,12 @@ def available_actions(deployment: Deployment) -> list[tuple[str, str]]:
 
 
 def stage_label(deployment: Deployment) -> str:
-    stages = deployment.stages or []
-    stage = deployment.current_stage
     if deployment.observed_state == ObservedState.SERVING:
         return "rollout complete"
-    if 1 <= stage <= len(stages):
-        return f"stage {stage} of {len(stages)} ({stages[stage - 1]}% on v{deployment.target_version.number})"
+    percent = deployment.stage_percent
+    if percent is not None:
+        return (
+            f"stage {deployment.current_stage} of {len(deployment.stages)} "
+            f"({percent}% on v{deployment.target_version.number})"
+        )
     return "not started"

@@ -20,7 +20,7 @@ from portal.core.actors import Actor
 from portal.core.errors import ApplicationError
 from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
-from portal.deployments.models import LIVE_STATES, Deployment, Strategy
+from portal.deployments.models import LIVE_STATES, Deployment
 from portal.deployments.routing import endpoint_url
 from portal.metrics import services as metrics
 from portal.registry.models import VersionState
@@ -66,7 +66,7 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
     if version is not None and version.state != VersionState.FAILED:
         advice = deployment_services.advise_strategy(obj, version, serving)
     if valid:
-        deployment = _deploy(request, ctx, obj, serving, form)
+        deployment = _deploy(request, obj, form)
         if deployment is not None:
             return redirect("web:deployment_detail", team=team, pk=deployment.pk)
     return render(
@@ -76,23 +76,17 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
     )
 
 
-def _deploy(request, ctx: TeamContext, model, serving, form: DeployForm) -> Deployment | None:
-    data = dict(form.cleaned_data)
-    actor = Actor.for_request(request.user)
+def _deploy(request, model, form: DeployForm) -> Deployment | None:
+    """Deploy as the API does (:func:`~portal.deployments.services.deploy` decides whether
+    this creates a deployment or rolls the live Red-Black one); a refusal goes on the form."""
     try:
-        if data["strategy"] == Strategy.RED_BLACK and serving is not None:
-            return deployment_services.update_deployment(
-                serving,
-                actor=actor,
-                version=data["version"],
-                replicas=data["replicas"],
-                allow_io_change=data["allow_io_change"],
-                **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS},
-            )
-        return deployment_services.create_deployment(model=model, actor=actor, **data)
+        deployed = deployment_services.deploy(
+            model=model, actor=Actor.for_request(request.user), **form.cleaned_data
+        )
     except (ValidationError, ApplicationError) as exc:
         show_service_errors(form, exc)
         return None
+    return deployed.deployment
 
 
 def _deployment(ctx: TeamContext, pk: int) -> Deployment:
