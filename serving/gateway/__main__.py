@@ -37,17 +37,22 @@ async def follow(gateway: Gateway, client: aioredis.Redis, prefix: str, gateway_
         try:
             generation = await client.get(f"{prefix}:generation")
             if generation != seen_generation:
-                seen_generation = generation
+                # A publisher takes its generation number before it writes the table, so the
+                # table read here may still be the previous one: the number counts as seen only
+                # once a table that new has been read (or refused), else it is read again.
                 raw = await client.get(f"{prefix}:routes")
                 if raw is not None:
                     try:
                         number, entries = table.parse(raw)
                     except table.TableError as exc:
                         log.error("ignoring the routing table: %s", exc)
+                        seen_generation = generation
                     else:
                         if number > gateway.generation:
                             gateway.apply(number, entries)
                             reported_at = 0.0
+                        if generation is None or number >= int(generation):
+                            seen_generation = generation
             if time.monotonic() - reported_at >= REPORT_SECONDS:
                 reported_at = time.monotonic()
                 await client.set(

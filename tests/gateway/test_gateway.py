@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -192,6 +194,23 @@ def test_a_malformed_table_is_ignored_and_the_last_good_one_kept(client, gateway
     client.incr("gateway:generation")
     time.sleep(0.5)
     assert proc.poll() is None
+    assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
+
+
+def test_a_table_written_after_its_number_was_taken_is_still_applied(client, gateway, backends):
+    """A publisher takes the generation number before it writes the table. A gateway that looks
+    in between reads no table (or the previous one) under the new number, and must read again
+    rather than wait for the next publication (this once left a gateway on the old table)."""
+    _, url = gateway
+    good = backends("good")
+    number = int(client.incr("gateway:generation"))
+    time.sleep(0.5)  # several polls see the new number before its table exists
+    document = {
+        "generation": number,
+        "routes": [dataclasses.asdict(route("t/m", Group("v1", 100, [good])))],
+    }
+    client.set("gateway:routes", json.dumps(document))
+    wait_for(lambda: httpx.get(url + "/healthz").json()["generation"] >= number, 10, "table")
     assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
 
 
