@@ -188,16 +188,18 @@ def test_a_failed_call_stores_nothing_so_a_fixed_retry_works(
     assert post(client, path, good)["Idempotent-Replayed"] == "true"
 
 
-def test_a_conflict_stores_nothing(api, member_token, model, version, deployment):
+def test_a_refusal_stores_nothing(api, member_token, model, version, deployment):
     client = api(member_token)
+    # Deploying onto the live Red-Black deployment on another instance type is refused.
     body = {
         "model": model.pk,
         "version": version.pk,
         "strategy": "red_black",
-        "instance_type": "cpu-local",
+        "instance_type": "gpu-a10g-1",
     }
     before = row_counts()
-    assert post(client, "deployments/", body).status_code == 409
+    refused = post(client, "deployments/", body)
+    assert refused.status_code == 400, refused.content
     assert row_counts() == before
     # The refused action with a key is not stored either: once allowed, the same key acts.
     assert post(client, f"deployments/{deployment.pk}/resume/", {}).status_code == 409
