@@ -92,7 +92,12 @@ def test_ports_open_only_when_ready_and_sigterm_drains_streams(model_repository,
     tokens[first.get_response().id] += count_of(first, "num_output_tokens")
     while len(reasons) < 4:
         result, error = results.get(timeout=120)
-        assert error is None, error
+        # Seen once in CI (an empty InferenceServerException mid-drain, not reproduced in
+        # repeated runs since): say enough to diagnose it if it comes back.
+        assert error is None, (
+            f"stream error {error.status()!r} {error.message()!r} after {reasons} finished, "
+            f"tokens {tokens}; server log:\n{server.log.read_text()[-3000:]}"
+        )
         request_id = result.get_response().id
         tokens[request_id] += count_of(result, "num_output_tokens")
         if is_final(result):
