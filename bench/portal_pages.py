@@ -121,7 +121,7 @@ def build_world() -> dict[str, Any]:
             observed_state=ObservedState.PROGRESSING if index == 0 else ObservedState.SERVING,
             current_stage=2,
             stages=[25, 50, 100],
-            traffic={"1": 50, "2": 50} if index == 0 else {str(version.number): 100},
+            traffic={1: 50, 2: 50} if index == 0 else {version.number: 100},
         )
         deployments.append(deployment)
         MetricPoint.objects.bulk_create(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,9 +45,10 @@ from portal.deployments.models import (
     DesiredState,
     EventKind,
     ObservedState,
-    Strategy,
 )
-from portal.deployments.rollout_health import RequestCounts, scrape_counts
+from portal.deployments.rollout_health import scrape_counts
+from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep, Traffic
+from portal.deployments.strategies import RolloutPlan, plan_for
 from portal.registry.models import ModelVersion, VersionState
 
 D = ObservedState
@@ -84,7 +84,7 @@ def reconcile(deployment_id: int) -> float | None:
         view = None
         try:
             view = instances.sync(deployment)
-            delay = _STEPS[deployment.observed_state](deployment, view)
+            delay = _STEPS[deployment.observed_state](deployment, plan_for(deployment), view)
             instances.stop_drained(deployment, view, routing.publish(deployment, view.rows))
         except Exception as exc:  # a launcher or its API failing: say so, and try again
             log.exception("reconciling deployment %s failed", deployment_id)
@@ -140,35 +140,17 @@ def _start(deployment: Deployment, version: ModelVersion, count: int, why: str) 
     )
 
 
-def _percent(deployment: Deployment) -> int:
-    if deployment.previous_version_id is None or deployment.strategy == Strategy.VERSIONED:
-        return 100
-    # Entering PROGRESSING sets stage 1, so there is always a current stage here.
-    return deployment.stage_percent or deployment.stages[0]
+def _split(traffic: Traffic) -> str:
+    return ", ".join(f"v{number} {percent}%" for number, percent in traffic.items())
 
 
-def _new_count(replicas: int, percent: int) -> int:
-    return replicas if percent >= 100 else max(1, math.ceil(replicas * percent / 100))
-
-
-def _old_count(replicas: int, percent: int) -> int:
-    return replicas - math.floor(replicas * percent / 100)
-
-
-def _traffic(deployment: Deployment, percent: int) -> dict[str, int]:
-    split = {str(deployment.target_version.number): percent}
-    if deployment.previous_version is not None and percent < 100:
-        split[str(deployment.previous_version.number)] = 100 - percent
-    return split
-
-
-def _counts(view: View, version: ModelVersion) -> dict[str, list[float]]:
+def _counts(view: View, version: ModelVersion) -> dict[str, RequestCounts]:
     counts = {}
     for instance in view.ready(version):
         url = instance.endpoints.get("metrics")
         scraped = scrape_counts(url) if url else None
         if scraped is not None:
-            counts[instance.name] = scraped.as_list()
+            counts[instance.name] = scraped
     return counts
 
 
@@ -180,8 +162,7 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
     target = deployment.target_version
     if target.state == VersionState.FAILED:
         return f"v{target.number} failed: {target.failure_reason}"
-    since = float(deployment.step.get("rollout_started_at", 0))
-    for instance in view.failed(target, since=since):
+    for instance in view.failed(target, since=deployment.step.rollout_started_at):
         return f"instance {instance.name} of v{target.number} crashed: {instance.health_message}"
     deadline = deployment.health_deadline_seconds
     for instance in view.not_ready(target):
@@ -190,7 +171,7 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
                 f"instance {instance.name} of v{target.number} did not pass its health check "
                 f"within {deadline} s"
             )
-    if deployment.step.get("phase") == "bake":
+    if deployment.step.phase == Phase.BAKE:
         for instance in view.unhealthy(target):
             # One slow health check is not a failure; one that keeps failing is.
             if time.time() - instance.updated_at.timestamp() > UNHEALTHY_GRACE_SECONDS:
@@ -203,13 +184,7 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
 
 
 def _error_rate_breach(deployment: Deployment, view: View) -> str | None:
-    baseline = deployment.step.get("baseline", {})
-    total = RequestCounts(0, 0)
-    for name, now in _counts(view, deployment.target_version).items():
-        before = baseline.get(name, [0.0, 0.0])
-        total = RequestCounts(
-            total.success + now[0] - before[0], total.failure + now[1] - before[1]
-        )
+    total = deployment.step.requests_since_baseline(_counts(view, deployment.target_version))
     if total.total < settings.ROLLOUT_MIN_REQUESTS:
         return None
     rate = total.failure / total.total
@@ -222,17 +197,16 @@ def _error_rate_breach(deployment: Deployment, view: View) -> str | None:
     return None
 
 
-def _begin_rollback(deployment: Deployment, reason: str) -> float:
-    previous = deployment.previous_version
+def _begin_rollback(deployment: Deployment, plan: RolloutPlan, reason: str) -> float:
     transition_deployment(
         deployment,
         D.ROLLING_BACK,
         reason=(
-            f"Rolling back to v{previous.number}: {reason}."
-            if previous is not None
+            f"Rolling back to v{plan.fallback.number}: {reason}."
+            if plan.fallback is not None
             else f"Stopping the rollout: {reason}."
         ),
-        step={"phase": "restore", "reason": reason},
+        step=RolloutStep(phase=Phase.RESTORE, reason=reason),
     )
     return 0.0
 
@@ -240,111 +214,100 @@ def _begin_rollback(deployment: Deployment, reason: str) -> float:
 # --- one function per observed state --------------------------------------------------------
 
 
-def _pending(deployment: Deployment, view: View) -> float | None:
+def _pending(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
     target = deployment.target_version
     if deployment.desired_state in (DesiredState.ABORTED, DesiredState.ROLLBACK):
-        if deployment.previous_version is not None:
-            return _begin_rollback(deployment, "the rollout was aborted before it started")
+        if plan.fallback is not None:
+            return _begin_rollback(deployment, plan, "the rollout was aborted before it started")
         transition_deployment(deployment, D.ABORTED, reason="Aborted before anything started.")
         return 0.0
     if target.state == VersionState.FAILED:
-        if deployment.previous_version is not None:
-            return _begin_rollback(deployment, f"v{target.number} failed: {target.failure_reason}")
-        transition_deployment(
-            deployment, D.FAILED, reason=f"v{target.number} failed: {target.failure_reason}"
-        )
+        why = f"v{target.number} failed: {target.failure_reason}"
+        if plan.fallback is not None:
+            return _begin_rollback(deployment, plan, why)
+        transition_deployment(deployment, D.FAILED, reason=why)
         return 0.0
     if target.state != VersionState.READY:
         return _waiting(deployment, f"Waiting for v{target.number} to be ready ({target.state}).")
     if deployment.desired_state == DesiredState.PAUSED:
         return _waiting(deployment, "Paused before the rollout started.")
-    plan = (
-        f"stages {deployment.stages} % with {deployment.bake_seconds} s bake each"
-        if deployment.previous_version is not None and deployment.strategy == Strategy.RED_BLACK
-        else "all at once (nothing serves yet)"
-    )
     transition_deployment(
         deployment,
         D.PROGRESSING,
-        reason=f"Rolling out v{target.number} on {deployment.replicas} instance(s), {plan}.",
+        reason=f"Rolling out v{target.number} on {deployment.replicas} instance(s), "
+        f"{plan.describe()}.",
         current_stage=1,
-        step={"phase": "scale", "rollout_started_at": time.time()},
+        step=RolloutStep(phase=Phase.SCALE, rollout_started_at=time.time()),
     )
     return 0.0
 
 
-def _progressing(deployment: Deployment, view: View) -> float | None:
+def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
     if deployment.desired_state == DesiredState.ABORTED:
-        return _begin_rollback(deployment, "abort requested")
+        return _begin_rollback(deployment, plan, "abort requested")
     if deployment.desired_state == DesiredState.ROLLBACK:
-        return _begin_rollback(deployment, "rollback requested")
+        return _begin_rollback(deployment, plan, "rollback requested")
     if deployment.desired_state == DesiredState.PAUSED:
         transition_deployment(
             deployment,
             D.PAUSED,
-            reason=f"Paused at stage {deployment.current_stage}; traffic stays {deployment.traffic}.",
+            reason=f"Paused at stage {deployment.current_stage}; traffic stays "
+            f"{_split(deployment.traffic) or 'as it is'}.",
         )
         return _interval()
     failure = _rollout_failure(deployment, view)
     if failure:
-        return _begin_rollback(deployment, failure)
-    last_stage = len(deployment.stages)
+        return _begin_rollback(deployment, plan, failure)
     if deployment.promote_requested:
-        if deployment.current_stage < last_stage and deployment.previous_version is not None:
-            _note(deployment, f"Promoted: skipping to stage {last_stage} (100%).")
-            _update(
-                deployment,
-                current_stage=last_stage,
-                step={**deployment.step, "phase": "scale"},
+        changes: dict[str, Any] = {"promote_requested": False}
+        if deployment.current_stage < plan.stage_count:
+            _note(deployment, f"Promoted: skipping to stage {plan.stage_count} (100%).")
+            changes.update(
+                current_stage=plan.stage_count, step=deployment.step.but(phase=Phase.SCALE)
             )
-        _update(deployment, promote_requested=False)
-    phase = deployment.step.get("phase", "scale")
-    if phase == "scale":
-        return _scale(deployment, view)
-    if phase == "shift":
+        _update(deployment, **changes)
+    if deployment.step.phase == Phase.SHIFT:
         return _shifted(deployment, view)
-    return _bake(deployment, view)
+    if deployment.step.phase == Phase.BAKE:
+        return _bake(deployment, plan, view)
+    return _scale(deployment, plan, view)
 
 
-def _scale(deployment: Deployment, view: View) -> float:
-    target, previous = deployment.target_version, deployment.previous_version
-    percent = _percent(deployment)
-    want = _new_count(deployment.replicas, percent)
+def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
+    target, stage = deployment.target_version, deployment.current_stage
+    percent = plan.percent(deployment)
+    want = plan.new_instances(percent)
     missing = want - len(view.live(target))
     if missing > 0:
-        _start(deployment, target, missing, f"stage {deployment.current_stage} needs {want}")
+        _start(deployment, target, missing, f"stage {stage} needs {want}")
         return _interval()
     ready = len(view.ready(target))
     if ready < want:
         return _waiting(
             deployment,
-            f"Stage {deployment.current_stage}: {ready} of {want} v{target.number} instance(s) "
-            "passed their health check.",
+            f"Stage {stage}: {ready} of {want} v{target.number} instance(s) passed their "
+            "health check.",
         )
     # Every new instance is ready: shift traffic, and only now shrink the old set.
     retiring: list[str] = []
-    if previous is not None and percent < 100:
-        keep = _old_count(deployment.replicas, percent)
+    if plan.fallback is not None and percent < 100:
+        keep = plan.old_instances(percent)
         retiring = instances.retire_extra(
-            view,
-            previous,
-            keep,
-            f"stage {deployment.current_stage}: v{previous.number} keeps {keep}",
+            view, plan.fallback, keep, f"stage {stage}: v{plan.fallback.number} keeps {keep}"
         )
-    traffic = _traffic(deployment, percent)
-    _update(deployment, traffic=traffic, step={**deployment.step, "phase": "shift"})
+    traffic = plan.traffic(percent)
+    # The split is written before it is published: the table is built from what is stored.
+    _update(deployment, traffic=traffic, step=deployment.step.but(phase=Phase.SHIFT))
     generation = routing.publish(deployment, view.rows)
-    _update(deployment, step={**deployment.step, "generation": generation})
+    _update(deployment, step=deployment.step.but(generation=generation))
+    draining = (
+        f"; draining {len(retiring)} v{plan.fallback.number} instance(s)"
+        if plan.fallback is not None and retiring
+        else ""
+    )
     _note(
         deployment,
-        f"Stage {deployment.current_stage}/{len(deployment.stages)}: traffic "
-        + ", ".join(f"v{v} {w}%" for v, w in traffic.items())
-        + (
-            f"; draining {len(retiring)} v{previous.number} instance(s)"
-            if previous and retiring
-            else ""
-        )
-        + ".",
+        f"Stage {stage}/{len(deployment.stages)}: traffic {_split(traffic)}{draining}.",
         traffic=traffic,
         retiring=retiring,
     )
@@ -352,26 +315,23 @@ def _scale(deployment: Deployment, view: View) -> float:
 
 
 def _shifted(deployment: Deployment, view: View) -> float:
-    generation = int(deployment.step.get("generation", 0))
-    if not get_launcher().traffic_applied(generation):
+    if not get_launcher().traffic_applied(deployment.step.generation):
         return _waiting(deployment, "Waiting for the gateways to take the new traffic split.")
     _update(
         deployment,
-        step={
-            **deployment.step,
-            "phase": "bake",
-            "bake_started_at": time.time(),
-            "baseline": _counts(view, deployment.target_version),
-        },
+        step=deployment.step.but(
+            phase=Phase.BAKE,
+            bake_started_at=time.time(),
+            baseline=_counts(view, deployment.target_version),
+        ),
         status_message=f"Stage {deployment.current_stage}: baking for {deployment.bake_seconds} s.",
     )
     return _interval()
 
 
-def _bake(deployment: Deployment, view: View) -> float:
-    previous = deployment.previous_version
-    if previous is not None:
-        ends = float(deployment.step["bake_started_at"]) + deployment.bake_seconds
+def _bake(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
+    if plan.bakes:
+        ends = deployment.step.bake_started_at + deployment.bake_seconds
         if ends > time.time():
             return min(_interval(), ends - time.time())
         _note(
@@ -379,116 +339,130 @@ def _bake(deployment: Deployment, view: View) -> float:
             f"Stage {deployment.current_stage} baked: healthy, error rate in bounds.",
             bake_ended_at=ends,
         )
-    if previous is not None and deployment.current_stage < len(deployment.stages):
+    if deployment.current_stage < plan.stage_count:
         _update(
             deployment,
             current_stage=deployment.current_stage + 1,
-            step={"phase": "scale", "rollout_started_at": deployment.step["rollout_started_at"]},
+            step=RolloutStep(
+                phase=Phase.SCALE, rollout_started_at=deployment.step.rollout_started_at
+            ),
         )
         return 0.0
+    target, fallback = deployment.target_version, plan.fallback
     retiring: list[str] = []
-    if previous is not None:
-        retiring = instances.retire_extra(view, previous, 0, f"v{previous.number} retired")
+    if fallback is not None:
+        retiring = instances.retire_extra(view, fallback, 0, f"v{fallback.number} retired")
     transition_deployment(
         deployment,
         D.SERVING,
-        reason=f"v{deployment.target_version.number} serves 100% on {deployment.replicas} "
-        f"instance(s)"
-        + (f"; draining {len(retiring)} v{previous.number} instance(s)." if previous else "."),
-        traffic={str(deployment.target_version.number): 100},
-        step={},
+        reason=f"v{target.number} serves 100% on {deployment.replicas} instance(s)"
+        + (f"; draining {len(retiring)} v{fallback.number} instance(s)." if fallback else "."),
+        traffic={target.number: 100},
+        step=RolloutStep(),
     )
     return 0.0
 
 
-def _paused(deployment: Deployment, view: View) -> float | None:
+def _paused(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
     if deployment.desired_state in (DesiredState.ABORTED, DesiredState.ROLLBACK):
-        return _begin_rollback(deployment, f"{deployment.desired_state} requested while paused")
+        return _begin_rollback(
+            deployment, plan, f"{deployment.desired_state} requested while paused"
+        )
     failure = _rollout_failure(deployment, view)
     if failure:
-        return _begin_rollback(deployment, failure)
+        return _begin_rollback(deployment, plan, failure)
     if deployment.desired_state == DesiredState.ACTIVE:
         # The bake starts over: its baseline and clock are stale after a pause.
-        phase = "shift" if deployment.step.get("phase") == "bake" else deployment.step.get("phase")
+        phase = deployment.step.phase or Phase.SCALE
         transition_deployment(
             deployment,
             D.PROGRESSING,
             reason=f"Resumed at stage {deployment.current_stage}.",
-            step={**deployment.step, "phase": phase or "scale"},
+            step=deployment.step.but(phase=Phase.SHIFT if phase == Phase.BAKE else phase),
         )
         return 0.0
     return _interval()
 
 
-def _rolling_back(deployment: Deployment, view: View) -> float | None:
-    reason = deployment.step.get("reason", deployment.status_message)
-    target, previous = deployment.target_version, deployment.previous_version
-    if previous is None:
+def _rolling_back(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
+    reason = deployment.step.reason or deployment.status_message
+    target, fallback = deployment.target_version, plan.fallback
+    if fallback is None:
         # Nothing to go back to: take everything down, then say how it ended.
         if instances.retire_all(view, "the rollout ended"):
             return _interval()
         final = D.ABORTED if deployment.desired_state == DesiredState.ABORTED else D.FAILED
         transition_deployment(
-            deployment, final, reason=reason[0].upper() + reason[1:] + ".", traffic={}, step={}
+            deployment,
+            final,
+            reason=reason[0].upper() + reason[1:] + ".",
+            traffic={},
+            step=RolloutStep(),
         )
         return None
-    if deployment.step.get("phase") == "restore":
-        missing = deployment.replicas - len(view.live(previous))
-        if missing > 0:
-            _start(deployment, previous, missing, "restoring the previous serving set")
-            return _interval()
-        ready = len(view.ready(previous))
-        if ready < deployment.replicas:
-            for instance in view.not_ready(previous):
-                age = time.time() - instance.created_at.timestamp()
-                if age > deployment.health_deadline_seconds:
-                    transition_deployment(
-                        deployment,
-                        D.FAILED,
-                        reason=f"Could not restore v{previous.number}: instance {instance.name} "
-                        f"did not pass its health check within {deployment.health_deadline_seconds} s "
-                        f"(rolling back because {reason}).",
-                    )
-                    return 0.0
-            return _waiting(
-                deployment,
-                f"Restoring v{previous.number}: {ready} of {deployment.replicas} ready; "
-                f"v{target.number} keeps its share until then.",
-            )
-        # The previous set is whole again: give it everything, then drain the new one.
-        _update(
-            deployment,
-            traffic={str(previous.number): 100},
-            step={**deployment.step, "phase": "drain"},
-        )
-        retiring = instances.retire_extra(view, target, 0, "rolled back")
-        _note(
-            deployment,
-            f"v{previous.number} restored on {deployment.replicas} ready instance(s) and takes "
-            f"100% of the traffic; draining {len(retiring)} v{target.number} instance(s).",
-            traffic=deployment.traffic,
-        )
-        return 0.0
+    if deployment.step.phase == Phase.RESTORE:
+        return _restore(deployment, fallback, reason, view)
     if view.live(target) or view.draining(target):
         return _waiting(deployment, f"Draining v{target.number}.")
     transition_deployment(
         deployment,
         D.SERVING,
-        reason=f"Rolled back to v{previous.number} because {reason}.",
-        target_version=previous,
+        reason=f"Rolled back to v{fallback.number} because {reason}.",
+        target_version=fallback,
         previous_version=None,
         current_stage=0,
         desired_state=DesiredState.ACTIVE,
         promote_requested=False,
-        step={},
+        step=RolloutStep(),
     )
     return 0.0
 
 
-def _serving(deployment: Deployment, view: View) -> float | None:
+def _restore(deployment: Deployment, fallback: ModelVersion, reason: str, view: View) -> float:
+    """Bring the previous set back to full strength, then give it all the traffic and drain the
+    new one; the new version keeps its share until then."""
+    target, replicas = deployment.target_version, deployment.replicas
+    missing = replicas - len(view.live(fallback))
+    if missing > 0:
+        _start(deployment, fallback, missing, "restoring the previous serving set")
+        return _interval()
+    ready = len(view.ready(fallback))
+    if ready < replicas:
+        deadline = deployment.health_deadline_seconds
+        for instance in view.not_ready(fallback):
+            if time.time() - instance.created_at.timestamp() > deadline:
+                transition_deployment(
+                    deployment,
+                    D.FAILED,
+                    reason=f"Could not restore v{fallback.number}: instance {instance.name} "
+                    f"did not pass its health check within {deadline} s "
+                    f"(rolling back because {reason}).",
+                )
+                return 0.0
+        return _waiting(
+            deployment,
+            f"Restoring v{fallback.number}: {ready} of {replicas} ready; "
+            f"v{target.number} keeps its share until then.",
+        )
+    _update(
+        deployment,
+        traffic={fallback.number: 100},
+        step=deployment.step.but(phase=Phase.DRAIN),
+    )
+    retiring = instances.retire_extra(view, target, 0, "rolled back")
+    _note(
+        deployment,
+        f"v{fallback.number} restored on {replicas} ready instance(s) and takes 100% of the "
+        f"traffic; draining {len(retiring)} v{target.number} instance(s).",
+        traffic=deployment.traffic,
+    )
+    return 0.0
+
+
+def _serving(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
     target = deployment.target_version
-    if deployment.desired_state == DesiredState.ROLLBACK and deployment.previous_version:
-        return _begin_rollback(deployment, "rollback requested")
+    if deployment.desired_state == DesiredState.ROLLBACK and plan.fallback is not None:
+        return _begin_rollback(deployment, plan, "rollback requested")
     for version in view.versions():
         if version.pk != target.pk:
             instances.retire_extra(view, version, 0, f"v{version.number} no longer serves")
@@ -498,13 +472,13 @@ def _serving(deployment: Deployment, view: View) -> float | None:
         return _interval()
     if missing < 0:
         instances.retire_extra(view, target, deployment.replicas, "scaled down")
-    wanted = {str(target.number): 100}
+    wanted = {target.number: 100}
     if deployment.traffic != wanted:
         _update(deployment, traffic=wanted)
     return settings.RECONCILE_IDLE_INTERVAL_SECONDS
 
 
-def _finished(deployment: Deployment, view: View) -> float | None:
+def _finished(deployment: Deployment, plan: RolloutPlan, view: View) -> float | None:
     """Failed, aborted or retired: nothing may keep running."""
     if deployment.traffic:
         _update(deployment, traffic={})
@@ -513,7 +487,7 @@ def _finished(deployment: Deployment, view: View) -> float | None:
     return None
 
 
-_STEPS: dict[str, Callable[[Deployment, View], float | None]] = {
+_STEPS: dict[str, Callable[[Deployment, RolloutPlan, View], float | None]] = {
     D.PENDING: _pending,
     D.PROGRESSING: _progressing,
     D.PAUSED: _paused,

@@ -13,7 +13,42 @@ from django.db import models
 from portal.core.models import AppendOnlyModel
 from portal.deployments import limits
 from portal.deployments.limits import default_stages  # the initial migration names it here
+from portal.deployments.rollout_state import (
+    RolloutStep,
+    Traffic,
+    traffic_from_json,
+    traffic_to_json,
+)
 from portal.registry.models import Model, ModelVersion
+
+
+class TrafficField(models.JSONField):
+    """A traffic split, :data:`~.rollout_state.Traffic` in Python (version numbers as ints),
+    a JSON object in the database (numbers as its keys)."""
+
+    def from_db_value(self, value, expression, connection) -> Traffic:
+        return traffic_from_json(super().from_db_value(value, expression, connection))
+
+    def get_prep_value(self, value):
+        return super().get_prep_value(traffic_to_json(value) if value is not None else None)
+
+    def value_to_string(self, obj):
+        return traffic_to_json(self.value_from_object(obj))
+
+
+class RolloutStepField(models.JSONField):
+    """The controller's :class:`~.rollout_state.RolloutStep`, stored as its JSON."""
+
+    def from_db_value(self, value, expression, connection) -> RolloutStep:
+        return RolloutStep.from_json(super().from_db_value(value, expression, connection))
+
+    def get_prep_value(self, value):
+        if isinstance(value, RolloutStep):
+            value = value.to_json()
+        return super().get_prep_value(value)
+
+    def value_to_string(self, obj):
+        return self.value_from_object(obj).to_json()
 
 
 class Engine(models.TextChoices):
@@ -133,11 +168,11 @@ class Deployment(models.Model):
     )
     current_stage = models.PositiveSmallIntegerField(default=0)
     #: Percent of the endpoint's requests per version number, as the controller last set it:
-    #: ``{"1": 75, "2": 25}``. Empty until something serves.
-    traffic = models.JSONField(default=dict, blank=True)
-    #: The controller's notes for the step in progress (when it began, metric baselines); reset
-    #: at every stage, so a restarted worker picks the step up where it was.
-    step = models.JSONField(default=dict, blank=True)
+    #: ``{1: 75, 2: 25}``. Empty until something serves.
+    traffic = TrafficField(default=dict, blank=True)
+    #: The controller's notes for the step in progress (when it began, metric baselines), so a
+    #: restarted worker picks the step up where it was.
+    step = RolloutStepField(default=RolloutStep, blank=True)
     status_message = models.TextField(blank=True)
     last_reconciled_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(

@@ -6,27 +6,10 @@ rate of a stage is (failures since) / (requests since), over the new version's i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from portal.deployments.rollout_state import RequestCounts
 from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot, parse_exposition
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class RequestCounts:
-    success: float
-    failure: float
-
-    def __sub__(self, other: RequestCounts) -> RequestCounts:
-        return RequestCounts(self.success - other.success, self.failure - other.failure)
-
-    @property
-    def total(self) -> float:
-        return self.success + self.failure
-
-    def as_list(self) -> list[float]:
-        return [self.success, self.failure]
 
 
 def _counts(snapshot: Snapshot) -> RequestCounts:

@@ -130,7 +130,7 @@ def route_of(deployment: Deployment, rows: Iterable[Instance] | None = None) -> 
         if row.state == InstanceState.READY:
             ready.setdefault(row.version.number, []).append(row)
     versions = {v.number: v for v in (deployment.target_version, deployment.previous_version) if v}
-    if any(int(n) not in ready and int(n) not in versions for n in deployment.traffic):
+    if any(n not in ready and n not in versions for n in deployment.traffic):
         return route_of(deployment)
     return _route(deployment, ready, versions)
 
@@ -155,10 +155,10 @@ def _routes(deployments: QuerySet[Deployment]) -> list[Route]:
         of = ready.setdefault(instance.deployment_id, {})
         of.setdefault(instance.version.number, []).append(instance)
     wanted = {
-        (d.model_id, int(number))
+        (d.model_id, number)
         for d in live
         for number in d.traffic
-        if int(number) not in ready.get(d.pk, {})
+        if number not in ready.get(d.pk, {})
     }
     versions: dict[int, dict[int, ModelVersion]] = {}
     if wanted:
@@ -178,16 +178,16 @@ def _route(
     ready: dict[int, list[Instance]],
     versions: dict[int, ModelVersion],
 ) -> Route:
-    """One route: per version of the split (in the order of its number, as text), the weight
-    over that version's ready instances in the order of their ids."""
+    """One route: per version of the split (in the order of its number), the weight over that
+    version's ready instances in the order of their ids."""
     shares = []
     for number, weight in sorted(deployment.traffic.items()):
-        members = ready.get(int(number), [])
-        version = members[0].version if members else versions[int(number)]
+        members = ready.get(number, [])
+        version = members[0].version if members else versions[number]
         shares.append(
             TrafficShare(
                 version_set=version_set(deployment, version),
-                weight=int(weight),
+                weight=weight,
                 instances=tuple(
                     ObservedInstance(i.name, Health.READY, dict(i.endpoints)) for i in members
                 ),

@@ -29,6 +29,7 @@ from portal.deployments.models import (
     ObservedState,
     Strategy,
 )
+from portal.deployments.rollout_state import RolloutStep
 from portal.deployments.routing import route_path
 from portal.deployments.tasks import schedule
 from portal.registry.models import Model, ModelVersion, VersionState
@@ -316,7 +317,7 @@ def _start_new_rollout(
         current_stage=0,
         promote_requested=False,
         allow_io_change=allow_io_change,
-        step={},
+        step=RolloutStep(),
     )
     prepare_for_deploy(version)
 

@@ -73,10 +73,10 @@ class ModelRow:
     @property
     def serving_versions(self) -> list[str]:
         """Version numbers with traffic, busiest first: ``["v2 (75%)", "v1 (25%)"]``."""
-        shares: dict[str, int] = {}
+        shares: dict[int, int] = {}
         for deployment in self.deployments:
-            for number, percent in (deployment.traffic or {}).items():
-                shares[number] = shares.get(number, 0) + int(percent)
+            for number, percent in deployment.traffic.items():
+                shares[number] = shares.get(number, 0) + percent
         ordered = sorted(shares.items(), key=lambda kv: -kv[1])
         if len(ordered) == 1:
             return [f"v{ordered[0][0]}"]
@@ -108,7 +108,7 @@ def model_rows(models) -> list[ModelRow]:
 
 def traffic_split(deployment: Deployment) -> list[tuple[str, int, str]]:
     """The traffic bar, old version first: ``(label, percent, role)`` with role old or new."""
-    traffic = {int(n): int(p) for n, p in (deployment.traffic or {}).items()}
+    traffic = deployment.traffic
     new = deployment.target_version.number
     bars = [(f"v{n}", p, "old") for n, p in sorted(traffic.items()) if n != new and p > 0]
     if traffic.get(new):

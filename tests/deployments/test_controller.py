@@ -87,13 +87,13 @@ def to_first_bake(deployment: Deployment, v2) -> Deployment:
     services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
     step(deployment, 2)
     M.set_health(2, Health.READY)
-    return run_until(deployment, lambda d: d.step.get("phase") == "bake")
+    return run_until(deployment, lambda d: d.step.phase == "bake")
 
 
 def test_a_first_deploy_starts_every_replica_then_serves(versions, cpu_instance_type):
     model, v1, _ = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=3)
-    assert deployment.traffic == {"1": 100}
+    assert deployment.traffic == {1: 100}
     assert deployment.instances.filter(state="ready").count() == 3
 
 
@@ -163,7 +163,7 @@ def test_a_retired_instance_is_stopped_only_once_the_gateways_have_the_new_table
     step(deployment, 2)
     M.set_health(2, Health.READY)
     M.auto_apply = False
-    run_until(deployment, lambda d: d.step.get("phase") == "shift")
+    run_until(deployment, lambda d: d.step.phase == "shift")
     step(deployment, 3)
     assert deployment.instances.filter(state="draining").count() == 1
     assert M.stop_calls == []  # the gateways may still send it requests

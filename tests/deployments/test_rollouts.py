@@ -72,11 +72,7 @@ def settled(world, deployment: Deployment, replicas: int, timeout: float = 60) -
 
 def in_bake(deployment: Deployment, stage: int) -> bool:
     d = state(deployment)
-    return (
-        d.observed_state == "progressing"
-        and d.current_stage == stage
-        and d.step.get("phase") == "bake"
-    )
+    return d.observed_state == "progressing" and d.current_stage == stage and d.step.phase == "bake"
 
 
 @pytest.fixture

@@ -199,7 +199,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
         timeline = page.get_by_test_id("timeline").inner_text()
         assert "Rollback requested" in timeline
         deployment.refresh_from_db()
-        assert deployment.target_version.number == 1 and deployment.traffic == {"1": 100}
+        assert deployment.target_version.number == 1 and deployment.traffic == {1: 100}
     finally:
         scraper.stop.set()
 
