@@ -11,8 +11,10 @@ newer vLLM removed). The backend itself cannot be imported outside a running Tri
 The packager writes the constraint processor into every model.json's ``logits_processors``
 list by qualified name (``module:Class``); vLLM imports it only when the engine starts, so a
 name that does not resolve would fail every model load on a GPU. ``--model-json`` loads each
-name the way vLLM 0.24.0 does (split on ":", import, walk the dotted class name, require a
-subclass of vLLM's ``LogitsProcessor``).
+name with the serving package's own loader (:func:`serving.instance.plugins.load_class`, the
+one the instance's start-up check uses) and requires a subclass of vLLM's ``LogitsProcessor``.
+That mode runs after the image has installed the serving package; the backend mode runs
+before it, so the serving package is imported only in the mode that needs it.
 
 Usage: check_vllm_backend.py /opt/tritonserver/backends/vllm | --model-json model.json
 """
@@ -69,11 +71,13 @@ def logits_processor_problems(model_json: dict) -> list[str]:
         from vllm.v1.sample.logits_processor import LogitsProcessor
     except ImportError as exc:
         return [f"vLLM's LogitsProcessor interface does not import: {exc}"]
+    from serving.instance.plugins import load_class
+
     problems = []
     for name in names:
         try:
-            cls = _load_qualified_class(name)
-        except (ImportError, AttributeError, ValueError) as exc:
+            cls = load_class(name)
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
             problems.append(f"logits processor {name!r}: {exc}")
             continue
         if not issubclass(cls, LogitsProcessor):
@@ -82,18 +86,6 @@ def logits_processor_problems(model_json: dict) -> list[str]:
                 "LogitsProcessor"
             )
     return problems
-
-
-def _load_qualified_class(name: object) -> type:
-    if not isinstance(name, str) or name.count(":") != 1:
-        raise ValueError("must be a qualified name 'package.module:Class'")
-    module_name, qualname = name.split(":")
-    obj: object = importlib.import_module(module_name)
-    for attr in qualname.split("."):
-        obj = getattr(obj, attr)
-    if not isinstance(obj, type):
-        raise ValueError(f"{qualname} is not a class")
-    return obj
 
 
 def check_model_json(path: Path) -> int:

@@ -16,7 +16,8 @@ configuration comes from ``auto_complete_config`` when
 :class:`~serving.python_backend.PythonModelHandle` loads it. A repository Triton would refuse is
 refused before any port opens, and so is one that holds no model at all (an instance serves the
 model of its package; an empty repository means the package is broken, and serving nothing
-would hide that).
+would hide that). The Python backend's own reader (:mod:`serving.python_backend.config`, which
+a handle loads a model with) takes a model's name and served version from the rules here too.
 
 Which version is served (one per model here), as Triton decides it:
 
@@ -53,9 +54,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.kserve.contract import BACKEND, auto_complete
 from serving.package import CONFIG_FILE, ENGINE_ARGS_FILE
-from serving.python_backend import config as python_config
 
-PYTHON_BACKEND = python_config.BACKEND
+PYTHON_BACKEND = "python"
 BACKENDS = (BACKEND, PYTHON_BACKEND)
 
 
@@ -101,11 +101,7 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
         raise RepositoryError(f"{path} is missing") from None
     except text_format.ParseError as exc:
         raise RepositoryError(f"{path} is not a valid model configuration: {exc}") from None
-    if config.name and config.name != model_dir.name:
-        raise RepositoryError(
-            f"{path}: model name '{config.name}' does not match its directory '{model_dir.name}'"
-        )
-    config.name = model_dir.name
+    take_directory_name(config, model_dir, path)
     if config.backend not in BACKENDS:
         raise RepositoryError(
             f"{path}: backend '{config.backend}' is not served here; only "
@@ -130,6 +126,16 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     return config
+
+
+def take_directory_name(config: mc.ModelConfig, model_dir: Path, path: Path) -> None:
+    """Name ``config`` after its model's directory, as Triton does: a configuration (read from
+    ``path``) may leave the name out or repeat the directory's, nothing else."""
+    if config.name and config.name != model_dir.name:
+        raise RepositoryError(
+            f"{path}: model name '{config.name}' does not match its directory '{model_dir.name}'"
+        )
+    config.name = model_dir.name
 
 
 def version_numbers(model_dir: Path) -> list[int]:
@@ -165,18 +171,24 @@ def read_model(model_dir: Path) -> ModelEntry:
     cannot be served."""
     config = read_config(model_dir)
     version = str(served_version(model_dir, config))
-    if config.backend == PYTHON_BACKEND:
-        try:
-            version_dir = python_config.find_version(model_dir, config, version)
-        except python_config.ConfigError as exc:
-            raise RepositoryError(str(exc)) from None
-        return ModelEntry(config.name, version, version_dir, config, PYTHON_BACKEND)
     version_dir = model_dir / version
+    if config.backend == PYTHON_BACKEND:
+        python_model_file(version_dir, config)
+        return ModelEntry(config.name, version, version_dir, config, PYTHON_BACKEND)
     if not (version_dir / ENGINE_ARGS_FILE).is_file():
         raise RepositoryError(
             f"{version_dir}: {ENGINE_ARGS_FILE} (the vLLM engine arguments) is missing"
         )
     return ModelEntry(config.name, version, version_dir, config)
+
+
+def python_model_file(version_dir: Path, config: mc.ModelConfig) -> Path:
+    """The file a Python model's version runs (``model.py``, or ``default_model_filename``),
+    which must be there: Triton refuses the model otherwise."""
+    path = version_dir / (config.default_model_filename or "model.py")
+    if not path.is_file():
+        raise RepositoryError(f"Python model file not found in '{path}'")
+    return path
 
 
 def model_names(root: Path) -> list[str]:

@@ -108,7 +108,8 @@ class InstanceTypeViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_field = "name"
 
 
-class ModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+# The registry's models (portal.registry.models.Model), named apart from DRF's ModelViewSet.
+class RegisteredModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     queryset = Model.objects.select_related("team")
     serializer_class = s.ModelOut
     filterset_class = filters.ModelFilter

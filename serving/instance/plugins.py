@@ -72,7 +72,12 @@ def install_plugins(names: list[str]) -> InstalledPlugins:
 
 def load_class(qualified: str) -> type:
     """The class ``module:Class`` names, found the way vLLM 0.24 resolves a named logits
-    processor: import the module, then walk the dotted name after the colon."""
+    processor: import the module, then walk the dotted name after the colon.
+
+    The serving image's build check (``docker/check_vllm_backend.py --model-json``) loads the
+    names a packaged model.json holds with this too, so a name is checked as text first."""
+    if not isinstance(qualified, str) or qualified.count(":") != 1:
+        raise ValueError("must be a qualified name 'package.module:Class'")
     module_name, qualname = qualified.split(":")
     obj: object = importlib.import_module(module_name)
     for attr in qualname.split("."):

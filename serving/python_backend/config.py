@@ -11,6 +11,8 @@ into numbers (Triton core's ``ModelConfigToJson``); authors index it as ``config
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,15 @@ from typing import Any
 from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-BACKEND = "python"
+from serving.repository import (
+    PYTHON_BACKEND,
+    RepositoryError,
+    python_model_file,
+    served_version,
+    take_directory_name,
+)
+
+BACKEND = PYTHON_BACKEND
 WILDCARD = -1
 
 # model_config.proto DataType -> KServe protocol datatype string.
@@ -51,6 +61,16 @@ class ConfigError(ValueError):
     """The model's configuration cannot be served; the message names the field."""
 
 
+@contextmanager
+def _refused_as_config_error() -> Iterator[None]:
+    """The repository's rules (:mod:`serving.repository`) refuse with their own error; a handle
+    loading a model expects this module's."""
+    try:
+        yield
+    except RepositoryError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of the configuration, in protocol terms."""
@@ -72,11 +92,8 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
             text_format.Parse(path.read_text(), config)
         except text_format.ParseError as exc:
             raise ConfigError(f"{path} is not a valid model configuration: {exc}") from None
-    if config.name and config.name != model_dir.name:
-        raise ConfigError(
-            f"{path}: model name '{config.name}' does not match its directory '{model_dir.name}'"
-        )
-    config.name = model_dir.name
+    with _refused_as_config_error():
+        take_directory_name(config, model_dir, path)
     if config.platform:
         raise ConfigError(
             f"{path}: 'platform' must not be set for a Python-backend model (it is "
@@ -213,22 +230,14 @@ def is_decoupled(config: mc.ModelConfig) -> bool:
 
 
 def find_version(model_dir: Path, config: mc.ModelConfig, version: str | None) -> Path:
-    """The version directory to serve: the one asked for, else the latest numeric one (Triton's
-    default policy), holding ``model.py`` (or ``default_model_filename``)."""
-    filename = config.default_model_filename or "model.py"
-    if version is not None:
+    """The version directory to serve: the one asked for, else the one the repository serves
+    (:func:`serving.repository.served_version`), holding ``model.py`` (or
+    ``default_model_filename``)."""
+    with _refused_as_config_error():
+        if version is None:
+            version = str(served_version(model_dir, config))
         chosen = model_dir / version
         if not chosen.is_dir():
             raise ConfigError(f"model '{config.name}': version directory {chosen} is missing")
-    else:
-        numbered = sorted(
-            (int(p.name), p) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
-        )
-        if not numbered:
-            raise ConfigError(
-                f"model '{config.name}': {model_dir} has no numeric version directory"
-            )
-        chosen = numbered[-1][1]
-    if not (chosen / filename).is_file():
-        raise ConfigError(f"Python model file not found in '{chosen / filename}'")
+        python_model_file(chosen, config)
     return chosen

@@ -186,7 +186,8 @@ class PythonModelHandle:
     model instance its ``instance_group`` asks for, as Triton's Python backend does.
 
     ``model_dir`` is ``<repository>/<model name>``; ``version`` picks a version directory
-    (default: the latest). ``bls`` routes the model's BLS calls; ``model_ready`` answers its
+    (default: the one the repository serves, :func:`serving.repository.served_version`).
+    ``bls`` routes the model's BLS calls; ``model_ready`` answers its
     ``pb_utils.is_model_ready``. ``execute_timeout_s`` bounds one ``execute`` call (Triton has
     no such limit; a hung model otherwise holds its requests forever): past it the processes
     are killed and the handle reports FAILED. ``memory_limit_bytes`` caps each process's

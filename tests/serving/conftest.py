@@ -1,14 +1,19 @@
 """Shared serving fixtures: a tiny random-weights model made locally, and a Triton model
-repository pointing at it, laid out as an unpacked package is."""
+repository pointing at it, laid out as an unpacked package is; and, for the end-to-end front-end
+tests, the engine server and front end over a repository, with an ``openai`` client."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 
 from serving.demo_model import make_demo_model
+from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
 
 MODEL_NAME = "demo--tiny"
 
@@ -52,3 +57,39 @@ def write_repository(
 @pytest.fixture(scope="session")
 def model_repository(tmp_path_factory, demo_model_dir) -> Path:
     return write_repository(tmp_path_factory.mktemp("repository"), demo_model_dir, max_num_seqs=8)
+
+
+# -- the end-to-end front-end tests: one engine and one front end per test module -------------
+
+
+@pytest.fixture(scope="module")
+def frontend_repository(model_repository: Path) -> Path:
+    """The repository a module's engine and front end serve (a module may serve its own)."""
+    return model_repository
+
+
+@pytest.fixture(scope="module")
+def engine(frontend_repository: Path) -> Iterator[Engine]:
+    with kserve_engine(frontend_repository) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def front(frontend_repository: Path, engine: Engine) -> Iterator[Frontend]:
+    with frontend(frontend_repository, engine.frontend_args) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(front: Frontend) -> openai.OpenAI:
+    return openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def greedy(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL_NAME, "temperature": 0.0, **fields}
+
+
+def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
+    body = exc.body
+    assert isinstance(body, dict)
+    return body.get("error", body)  # the client unwraps {"error": ...} itself

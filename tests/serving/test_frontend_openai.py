@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,12 @@ import jsonschema
 import openai
 import pytest
 
-from tests.serving.conftest import MODEL_NAME
+from tests.serving.conftest import MODEL_NAME, error_of, greedy
 from tests.serving.frontend_helpers import (
     Engine,
     Frontend,
     dead_engine_args,
     frontend,
-    kserve_engine,
 )
 
 CHOICE_SCHEMA = {
@@ -42,33 +40,6 @@ CHOICE_SCHEMA = {
     "required": ["color", "size", "tags", "name"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def engine(model_repository: Path) -> Iterator[Engine]:
-    with kserve_engine(model_repository) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def front(model_repository: Path, engine: Engine) -> Iterator[Frontend]:
-    with frontend(model_repository, engine.frontend_args) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(front: Frontend) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def greedy(**fields: Any) -> dict[str, Any]:
-    return {"model": MODEL_NAME, "temperature": 0.0, **fields}
-
-
-def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
-    body = exc.body
-    assert isinstance(body, dict)
-    return body.get("error", body)  # the client unwraps {"error": ...} itself
 
 
 # -- models and health ------------------------------------------------------------------------

@@ -6,7 +6,6 @@ tokenizer (loaded here) turns into exact expected text."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,11 @@ import openai
 import pytest
 
 from serving.frontend.catalog import load_tokenizer
-from tests.serving.conftest import MODEL_NAME
-from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
+from tests.serving.conftest import MODEL_NAME, error_of, greedy
+from tests.serving.frontend_helpers import Frontend
 
 PROMPT = "The quick brown fox"
 TOKEN = 300  # an ordinary (non-special) token of the demo vocabulary
-
-
-@pytest.fixture(scope="module")
-def engine(model_repository: Path) -> Iterator[Engine]:
-    with kserve_engine(model_repository) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def front(model_repository: Path, engine: Engine) -> Iterator[Frontend]:
-    with frontend(model_repository, engine.frontend_args) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(front: Frontend) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +25,10 @@ def tokenizer(demo_model_dir: Path) -> Any:
     return load_tokenizer(demo_model_dir)
 
 
-def _greedy(**fields: Any) -> dict[str, Any]:
-    return {"model": MODEL_NAME, "temperature": 0.0, **fields}
-
-
 def _tokens(client: openai.OpenAI, max_tokens: int = 24, **extra: Any) -> list[str]:
     """The generated tokens, as text, of a greedy completion of PROMPT (EOS ignored)."""
     response = client.completions.create(
-        **_greedy(prompt=PROMPT, max_tokens=max_tokens),
+        **greedy(prompt=PROMPT, max_tokens=max_tokens),
         logprobs=0,
         extra_body={"ignore_eos": True, **extra},
     )
@@ -64,12 +42,6 @@ def _repeats(tokens: list[str]) -> int:
     return len(tokens) - len(set(tokens))
 
 
-def _error(exc: openai.APIStatusError) -> dict[str, Any]:
-    body = exc.body
-    assert isinstance(body, dict)
-    return body.get("error", body)
-
-
 # -- logit_bias -------------------------------------------------------------------------------
 
 
@@ -79,11 +51,11 @@ def test_logit_bias_plus_100_makes_every_token_that_one(
     expected = tokenizer.decode([TOKEN] * 6)
     bias = {str(TOKEN): 100}
     completion = client.completions.create(
-        **_greedy(prompt=PROMPT, max_tokens=6), logit_bias=bias, extra_body={"ignore_eos": True}
+        **greedy(prompt=PROMPT, max_tokens=6), logit_bias=bias, extra_body={"ignore_eos": True}
     )
     assert completion.choices[0].text == expected
     stream = client.chat.completions.create(
-        **_greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=6),
+        **greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=6),
         logit_bias=bias,
         stream=True,
         extra_body={"ignore_eos": True},
@@ -101,12 +73,12 @@ def test_logit_bias_through_the_async_client(front: Frontend, tokenizer: Any) ->
             base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120
         ) as aclient:
             chat = await aclient.chat.completions.create(
-                **_greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=5),
+                **greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=5),
                 logit_bias={str(other): 100},
                 extra_body={"ignore_eos": True},
             )
             stream = await aclient.completions.create(
-                **_greedy(prompt=PROMPT, max_tokens=5),
+                **greedy(prompt=PROMPT, max_tokens=5),
                 logit_bias={str(other): 100},
                 stream=True,
                 extra_body={"ignore_eos": True},
@@ -133,7 +105,7 @@ def test_logit_bias_and_a_constraint_together(client: openai.OpenAI, tokenizer: 
     allows, and a token it does not allow stays out however large its bias."""
     allowed, favoured, masked = TOKEN, TOKEN + 1, TOKEN + 2
     completion = client.completions.create(
-        **_greedy(prompt=PROMPT, max_tokens=5),
+        **greedy(prompt=PROMPT, max_tokens=5),
         logit_bias={str(favoured): 90, str(masked): 100},
         extra_body={
             "ignore_eos": True,
@@ -159,7 +131,7 @@ def test_a_strong_penalty_repeats_fewer_tokens(client: openai.OpenAI, penalty: A
 
 
 def test_penalties_stream_the_same_tokens(client: openai.OpenAI) -> None:
-    body = _greedy(prompt=PROMPT, max_tokens=16)
+    body = greedy(prompt=PROMPT, max_tokens=16)
     extra = {"ignore_eos": True, "repetition_penalty": 1.5}
     whole = client.completions.create(**body, frequency_penalty=1.0, extra_body=extra)
     stream = client.completions.create(**body, frequency_penalty=1.0, stream=True, extra_body=extra)
@@ -172,7 +144,7 @@ def test_penalties_stream_the_same_tokens(client: openai.OpenAI) -> None:
 
 
 def test_min_p_one_at_temperature_one_is_greedy(client: openai.OpenAI) -> None:
-    greedy = _tokens(client, max_tokens=12)
+    greedy_tokens = _tokens(client, max_tokens=12)
     for seed in (1, 2, 3):
         response = client.completions.create(
             model=MODEL_NAME,
@@ -184,7 +156,7 @@ def test_min_p_one_at_temperature_one_is_greedy(client: openai.OpenAI) -> None:
             extra_body={"ignore_eos": True, "min_p": 1.0},
         )
         logprobs = response.choices[0].logprobs
-        assert logprobs is not None and logprobs.tokens == greedy
+        assert logprobs is not None and logprobs.tokens == greedy_tokens
     # Without min_p the same seeds sample something else (so the check above can fail).
     free = [
         client.completions.create(
@@ -200,7 +172,7 @@ def test_min_p_one_at_temperature_one_is_greedy(client: openai.OpenAI) -> None:
         .logprobs
         for seed in (1, 2, 3)
     ]
-    assert any(lp is not None and lp.tokens != greedy for lp in free)
+    assert any(lp is not None and lp.tokens != greedy_tokens for lp in free)
 
 
 # -- top_logprobs up to the model's limit -----------------------------------------------------
@@ -208,7 +180,7 @@ def test_min_p_one_at_temperature_one_is_greedy(client: openai.OpenAI) -> None:
 
 def test_top_logprobs_up_to_the_models_max_logprobs(client: openai.OpenAI) -> None:
     response = client.chat.completions.create(
-        **_greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=2),
+        **greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=2),
         logprobs=True,
         top_logprobs=20,
     )
@@ -217,11 +189,11 @@ def test_top_logprobs_up_to_the_models_max_logprobs(client: openai.OpenAI) -> No
     assert all(len(token.top_logprobs) == 20 for token in content.content)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            **_greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=2),
+            **greedy(messages=[{"role": "user", "content": "Hi"}], max_tokens=2),
             logprobs=True,
             top_logprobs=21,
         )
-    assert "at most 20" in _error(info.value)["message"]
+    assert "at most 20" in error_of(info.value)["message"]
 
 
 # -- refusals ---------------------------------------------------------------------------------
@@ -253,7 +225,7 @@ def test_bad_sampling_values_are_400_naming_the_field(
             )
         else:
             client.completions.create(model=MODEL_NAME, prompt="hi", **fields)
-    error = _error(info.value)
+    error = error_of(info.value)
     assert error["param"] == param, error
     assert param.split(".")[0] in error["message"]
     if fields == {"logit_bias": {"512": 1}}:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import openai
 import pytest
 
 from tests.serving.conftest import MODEL_NAME, write_repository
-from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
+from tests.serving.frontend_helpers import Frontend
 
 WEATHER = {
     "type": "object",
@@ -52,7 +51,7 @@ MISTRAL_MODEL = "demo--mistral"
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Path:
+def frontend_repository(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Path:
     """The demo model twice: with the front end's default call format (Hermes), and as a model
     whose ``config.pbtxt`` says it writes calls in Mistral's format."""
     root = tmp_path_factory.mktemp("tools-repository")
@@ -60,23 +59,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -
     parameters = {"tool_call_parser": "mistral"}
     write_repository(root, demo_model_dir, name=MISTRAL_MODEL, parameters=parameters)
     return root
-
-
-@pytest.fixture(scope="module")
-def engine(repository: Path) -> Iterator[Engine]:
-    with kserve_engine(repository) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def front(repository: Path, engine: Engine) -> Iterator[Frontend]:
-    with frontend(repository, engine.frontend_args) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(front: Frontend) -> openai.OpenAI:
-    return openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def ask(client: openai.OpenAI, **fields: Any) -> Any:
