@@ -18,8 +18,9 @@ measured wall time. ``apply`` is run two ways:
   whose host-side dispatch (a dozen ops) is timed for real while their device work is nothing;
   an upper bound of the host cost, not what the kernel path costs.
 
-Every row runs the address regex of ``bench/constraints.py`` over the synthetic vocabulary,
-teacher-forced by text streams; a row whose stream ends is re-admitted with the next one. Modes:
+Every row runs the address regex of ``bench/constraints/workloads.py`` over the synthetic
+vocabulary, teacher-forced by text streams; a row whose stream ends is re-admitted with the next
+one. Modes:
 
 - ``sequential``: the fill runs inside ``apply`` (the processor before the overlap);
 - ``overlap``: the production processor: ``update_state`` starts the fill in the background;

@@ -21,8 +21,8 @@ extension and installs carried wheels first)::
    ``masked_fill_`` with a precomputed bool mask, and XGrammar's apply. The floor is the time to
    read and write the logits once at the bandwidth of a device-to-device copy measured here.
 
-Only torch, numpy, triton, xgrammar (optional) and ``serving.constraints`` are imported; no
-vLLM. Without a CUDA device (and without ``--cpu-interpret``) it says so and exits 0. It exits
+Only torch, numpy, triton, xgrammar (optional), ``serving.constraints`` and ``bench.machine``
+(standard library only) are imported; no vLLM. Without a CUDA device (and without ``--cpu-interpret``) it says so and exits 0. It exits
 1 when one of the project's paths differs from the CPU apply. Results go to ``--out`` (JSON);
 a short table is printed last.
 """
@@ -43,6 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.machine import gpu_info, machine_info  # noqa: E402
 
 DEADLINE_S = 360.0  # stop timing (keep what is done) well inside the device's 10 minutes
 FULL_BATCHES = (1, 32, 256)
@@ -169,36 +171,11 @@ class DeviceCheck:
     # -- setup ---------------------------------------------------------------------------
 
     def machine(self) -> dict[str, Any]:
-        import platform
-
-        torch = self.torch
-        info: dict[str, Any] = {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "triton": _version("triton"),
-            "xgrammar": _version("xgrammar"),
-            "numpy": _version("numpy"),
-            "cpu_count": os.cpu_count(),
-        }
+        info = machine_info(("torch", "triton", "xgrammar", "numpy"))
         if self.cuda:
-            props = torch.cuda.get_device_properties(self.device)
-            info.update(
-                device_name=props.name,
-                sms=props.multi_processor_count,
-                memory_gib=round(props.total_memory / 2**30, 1),
-                cuda=torch.version.cuda,
-                capability=f"{props.major}.{props.minor}",
-            )
+            info.update(gpu_info(self.torch, self.device))
         else:
             info["device_name"] = "cpu (Triton interpreter)"
-        try:
-            import subprocess
-
-            info["commit"] = subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-        except OSError:
-            info["commit"] = None
         return info
 
     def _load_xgrammar(self) -> Callable[..., Any] | None:
@@ -489,15 +466,6 @@ def _bits(t: Any) -> Any:
     import torch
 
     return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def _version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _check_line(c: dict[str, Any]) -> str:

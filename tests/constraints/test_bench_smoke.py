@@ -8,14 +8,26 @@ import importlib.util
 
 import pytest
 
-from bench import constraints as bench
+from bench.constraints import __main__ as cli
+from bench.constraints.agreement import verify_engines
+from bench.constraints.decode_loop import time_config
+from bench.constraints.engines import (
+    ENGINES,
+    EngineSkipped,
+    VocabContext,
+    compile_for,
+    engine_available,
+    prime_reference,
+)
+from bench.constraints.plan import QUICK, Plan
+from bench.constraints.workloads import allowed_set_workload, choice_workload, regex_workload
 from bench.synthetic_vocab import GreedyTokenizer, catalog, synthetic_vocab
 
 SIZE = 2048
 
 
 def available(engines):
-    return [e for e in engines if bench.engine_available(e) is None]
+    return [e for e in engines if engine_available(e) is None]
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +52,22 @@ def test_synthetic_vocabulary_is_exact_and_deterministic(vocab):
 @pytest.mark.parametrize("kind", ["choice", "regex", "allowed-set"])
 def test_engines_apply_identical_masks_on_the_same_streams(vocab, kind):
     if kind == "choice":
-        workload = bench.choice_workload(vocab, 200, n_streams=40)
+        workload = choice_workload(vocab, 200, n_streams=40)
     elif kind == "regex":
-        workload = bench.regex_workload(vocab, n_streams=40)
+        workload = regex_workload(vocab, n_streams=40)
     else:
-        workload = bench.allowed_set_workload(vocab, n_streams=40)
-    plan = bench.QUICK
-    ctx = bench.VocabContext(vocab, threads=1)
-    engines = available(bench.ENGINES)
+        workload = allowed_set_workload(vocab, n_streams=40)
+    plan = QUICK
+    ctx = VocabContext(vocab, threads=1)
+    engines = available(ENGINES)
     assert "native" in engines or "reference" in engines
     compiled = {}
     for engine in engines:
         try:
-            compiled[engine] = bench.compile_for(engine, ctx, workload, plan)
-        except bench.EngineSkipped:
+            compiled[engine] = compile_for(engine, ctx, workload, plan)
+        except EngineSkipped:
             assert engine in workload.peer_skip
-    report = bench.verify_engines(ctx, workload, compiled, rows=3, steps=25)
+    report = verify_engines(ctx, workload, compiled, rows=3, steps=25)
     assert set(report) == set(compiled)
     for engine, verdict in report.items():
         assert verdict["problems"] == [], (engine, verdict)
@@ -64,11 +76,11 @@ def test_engines_apply_identical_masks_on_the_same_streams(vocab, kind):
         else:
             assert verdict["verdict"] == "equal", (engine, verdict)
     # The timed path runs for each engine at batch 2 (no figures are checked).
-    tiny = bench.Plan(**{**plan.__dict__, "min_steps": 3, "max_steps": 3, "floor_steps": 3})
+    tiny = Plan(**{**plan.__dict__, "min_steps": 3, "max_steps": 3, "floor_steps": 3})
     for engine, comp in compiled.items():
         if engine in ("reference", "baseline"):
-            bench.prime_reference(ctx, comp.value, workload, comp.transitions)
-        result = bench.time_config(engine, ctx, comp, workload, 2, tiny, pool_bytes=1 << 20)
+            prime_reference(ctx, comp.value, workload, comp.transitions)
+        result = time_config(engine, ctx, comp, workload, 2, tiny, pool_bytes=1 << 20)
         assert result["steps"] == 3 and result["step_us"]["p50"] > 0
 
 
@@ -85,20 +97,18 @@ def test_results_render_to_markdown(vocab, tmp_path, monkeypatch):
         "--out", str(out),
     ]  # fmt: skip
     monkeypatch.setattr(
-        bench,
+        cli,
         "QUICK",
-        bench.Plan(
-            **{**bench.QUICK.__dict__, "min_steps": 3, "max_steps": 3, "compile_catalog": 300}
-        ),
+        Plan(**{**QUICK.__dict__, "min_steps": 3, "max_steps": 3, "compile_catalog": 300}),
     )
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     text = out.with_suffix(".md").read_text()
     assert "## Slope" in text and "## Mask agreement" in text
-    assert "python bench/constraints.py" in text
+    assert "python -m bench.constraints" in text
 
 
 def test_peers_are_optional():
     # The benchmark runs without xgrammar/llguidance; it records why they were skipped.
     for name in ("xgrammar", "llguidance"):
         if importlib.util.find_spec(name) is None:
-            assert bench.engine_available(name) is not None
+            assert engine_available(name) is not None
