@@ -208,6 +208,19 @@ RECONCILE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_INTERVAL_SECONDS", 
 RECONCILE_IDLE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_IDLE_INTERVAL_SECONDS", "5"))
 #: Beat re-drives a live deployment not reconciled for this long (its worker died).
 RECONCILE_STALE_SECONDS = float(os.environ.get("RECONCILE_STALE_SECONDS", "20"))
+#: Self-healing (``portal.deployments.healing``): a lost instance of a serving set is started
+#: again after a back-off that doubles with each failure of its version in the crash-loop window,
+#: from INSTANCE_RESTART_BACKOFF_SECONDS up to INSTANCE_RESTART_BACKOFF_MAX_SECONDS. After
+#: CRASH_LOOP_FAILURES failures within CRASH_LOOP_WINDOW_SECONDS the version is in a crash loop and
+#: is not started again until the oldest of them leaves the window.
+INSTANCE_RESTART_BACKOFF_SECONDS = float(os.environ.get("INSTANCE_RESTART_BACKOFF_SECONDS", "2"))
+INSTANCE_RESTART_BACKOFF_MAX_SECONDS = float(
+    os.environ.get("INSTANCE_RESTART_BACKOFF_MAX_SECONDS", "60")
+)
+CRASH_LOOP_FAILURES = int(os.environ.get("CRASH_LOOP_FAILURES", "5"))
+CRASH_LOOP_WINDOW_SECONDS = float(os.environ.get("CRASH_LOOP_WINDOW_SECONDS", "600"))
+#: A serving instance that fails its health check for this long is drained and replaced.
+UNHEALTHY_REPLACE_SECONDS = float(os.environ.get("UNHEALTHY_REPLACE_SECONDS", "30"))
 #: The error rate of a bake is judged only once the new version served this many requests.
 ROLLOUT_MIN_REQUESTS = int(os.environ.get("ROLLOUT_MIN_REQUESTS", "10"))
 #: A Versioned deployment that is not its model's newest and had no request for this long is

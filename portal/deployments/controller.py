@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -37,6 +38,7 @@ from django.utils import timezone
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
 from portal.deployments import instances, routing
+from portal.deployments.healing import RestartPolicy
 from portal.deployments.instances import View
 from portal.deployments.launchers import get_launcher, version_set
 from portal.deployments.lifecycle import record_event, transition_deployment
@@ -135,6 +137,60 @@ def _start(deployment: Deployment, version: ModelVersion, count: int, why: str) 
         f"Starting {count} instance(s) of v{version.number}: {why}.",
         version=version.number,
         instances=names,
+    )
+
+
+def _restart_lost(
+    deployment: Deployment, view: View, version: ModelVersion, want: int, why: str
+) -> float | None:
+    """Start instances of ``version`` up to ``want`` live ones, as soon as its failures allow
+    (:mod:`.healing`). Returns how soon to look again when it started some or must wait; None
+    when nothing is missing."""
+    missing = want - len(view.live(version))
+    if missing <= 0:
+        return None
+    now = time.time()
+    decision = RestartPolicy.from_settings().decide(view.failure_times(version), now)
+    if decision.not_before <= now:
+        _start(deployment, version, missing, why)
+        return _interval()
+    resume = timezone.localtime(datetime.fromtimestamp(decision.not_before, tz=UTC))
+    if decision.crash_loop:
+        last = max(view.failed(version, since=0), key=lambda r: r.updated_at)
+        message = (
+            f"Crash loop: v{version.number} had {decision.recent_failures} instance failures "
+            f"in the last {settings.CRASH_LOOP_WINDOW_SECONDS / 60:.0f} min, so it is not "
+            f"restarted before {resume:%H:%M:%S}. Last failure, instance {last.name}: "
+            f"{last.health_message}"
+        )
+        if deployment.status_message != message:
+            _note(deployment, message, version=version.number, crash_loop=True)
+        _waiting(deployment, message)
+    else:
+        _waiting(
+            deployment,
+            f"Restarting: {missing} instance(s) of v{version.number} lost; starting again at "
+            f"{resume:%H:%M:%S} (back-off after {decision.recent_failures} failure(s)).",
+        )
+    return min(settings.RECONCILE_IDLE_INTERVAL_SECONDS, max(decision.not_before - now, 0.0))
+
+
+#: How the statuses :func:`_restart_lost` writes begin, so a whole set again can say so.
+_HEALING_STATUS = ("Crash loop: ", "Restarting: ")
+
+
+def _keep_fallback_share(deployment: Deployment, plan: RolloutPlan, view: View) -> None:
+    """During a rollout, the previous version keeps the instances its current share needs: an
+    instance of it that dies is replaced (one of the new version's dying rolls back instead)."""
+    if plan.fallback is None:
+        return
+    shifted = deployment.traffic.get(deployment.target_version.number, 0)
+    _restart_lost(
+        deployment,
+        view,
+        plan.fallback,
+        plan.old_instances(shifted),
+        f"v{plan.fallback.number} keeps its {100 - shifted}% share whole",
     )
 
 
@@ -256,6 +312,7 @@ def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float
     failure = _rollout_failure(deployment, view)
     if failure:
         return _begin_rollback(deployment, plan, failure)
+    _keep_fallback_share(deployment, plan, view)
     if deployment.promote_requested:
         changes: dict[str, Any] = {"promote_requested": False}
         if deployment.current_stage < plan.stage_count:
@@ -369,6 +426,7 @@ def _paused(deployment: Deployment, plan: RolloutPlan, view: View) -> float | No
     failure = _rollout_failure(deployment, view)
     if failure:
         return _begin_rollback(deployment, plan, failure)
+    _keep_fallback_share(deployment, plan, view)
     if deployment.desired_state == DesiredState.ACTIVE:
         # The bake starts over: its baseline and clock are stale after a pause.
         phase = deployment.step.phase or Phase.SCALE
@@ -464,15 +522,32 @@ def _serving(deployment: Deployment, plan: RolloutPlan, view: View) -> float | N
     for version in view.versions():
         if version.pk != target.pk:
             instances.retire_extra(view, version, 0, f"v{version.number} no longer serves")
-    missing = deployment.replicas - len(view.live(target))
-    if missing > 0:
-        _start(deployment, target, missing, f"{deployment.replicas} replica(s) wanted")
-        return _interval()
-    if missing < 0:
+    stuck = [
+        row
+        for row in view.unhealthy(target)
+        if time.time() - row.updated_at.timestamp() > settings.UNHEALTHY_REPLACE_SECONDS
+    ]
+    if stuck:
+        limit = settings.UNHEALTHY_REPLACE_SECONDS
+        names = instances.retire(stuck, f"failed its health check for over {limit:.0f} s")
+        _note(deployment, f"Replacing {len(names)} instance(s) failing their health check.")
+    wait = _restart_lost(
+        deployment, view, target, deployment.replicas, f"{deployment.replicas} replica(s) wanted"
+    )
+    if wait is not None:
+        return wait
+    if len(view.live(target)) > deployment.replicas:
         instances.retire_extra(view, target, deployment.replicas, "scaled down")
     wanted = {target.number: 100}
     if deployment.traffic != wanted:
         _update(deployment, traffic=wanted)
+    ready = len(view.ready(target))
+    if deployment.status_message.startswith(_HEALING_STATUS) and ready >= deployment.replicas:
+        _update(
+            deployment,
+            status_message=f"v{target.number} serves on {ready} instance(s) again; lost "
+            "instances were replaced.",
+        )
     return settings.RECONCILE_IDLE_INTERVAL_SECONDS
 
 

@@ -59,7 +59,13 @@ class View:
         return self._of(version, (S.DRAINING,))
 
     def failed(self, version: ModelVersion, since: float) -> list[Instance]:
+        """Failed instances of ``version`` started at or after ``since``."""
         return [r for r in self._of(version, (S.FAILED,)) if r.created_at.timestamp() >= since]
+
+    def failure_times(self, version: ModelVersion) -> list[float]:
+        """When each instance of ``version`` failed (its last transition), for the restart
+        policy (:mod:`.healing`)."""
+        return [r.updated_at.timestamp() for r in self._of(version, (S.FAILED,))]
 
     def versions(self) -> list[ModelVersion]:
         seen: dict[int, ModelVersion] = {}
@@ -117,13 +123,17 @@ def retire_extra(view: View, version: ModelVersion, keep: int, why: str) -> list
     """Mark all but ``keep`` live instances of ``version`` draining, least useful first (not yet
     ready before ready, then the newest); returns their names."""
     live = sorted(view.live(version), key=lambda r: (r.state == S.READY, -r.created_at.timestamp()))
-    retiring = live[: max(0, len(live) - keep)]
-    for row in retiring:
+    return retire(live[: max(0, len(live) - keep)], why)
+
+
+def retire(rows: list[Instance], why: str) -> list[str]:
+    """Mark ``rows`` draining (stopped once a table without them is applied); their names."""
+    for row in rows:
         if row.state == S.PENDING:
             transition_instance(row, S.STARTING)
         transition_instance(row, S.DRAINING, message=why)
         row.state = S.DRAINING
-    return [r.name for r in retiring]
+    return [r.name for r in rows]
 
 
 def retire_all(view: View, why: str) -> bool:

@@ -264,3 +264,98 @@ def test_an_instance_failing_its_health_check_through_the_bake_rolls_back(
     deployment.instances.filter(state="unhealthy").update(updated_at=past)
     assert step(deployment).observed_state == "rolling_back"
     assert "failed its health check for over 10 s" in deployment.status_message
+
+
+# --- self-healing -------------------------------------------------------------------------------
+
+
+def crash_one(version: int, message: str = "exit status -9") -> str:
+    """Crash one running instance of ``version`` (as a kill -9 would); its name."""
+    name = next(
+        n for n, e in M.table.items() if e[1] == version and e[2] in (Health.READY, Health.STARTING)
+    )
+    M.table[name][2:] = [Health.CRASHED, message]
+    return name
+
+
+def age_failures(deployment: Deployment, seconds: float) -> None:
+    past = timezone.now() - timedelta(seconds=seconds)
+    deployment.instances.filter(state="failed").update(updated_at=past)
+
+
+def test_a_dead_serving_instance_is_replaced_after_its_back_off(
+    versions, cpu_instance_type, settings
+):
+    settings.INSTANCE_RESTART_BACKOFF_SECONDS = 30
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2)
+    crash_one(1)
+    step(deployment)
+    assert M.count(1, Health.READY) == 1 and M.count(1, Health.STARTING) == 0
+    assert deployment.status_message.startswith("Restarting: 1 instance(s) of v1 lost")
+    age_failures(deployment, 31)  # the back-off has passed
+    step(deployment)
+    assert M.count(1, Health.STARTING) == 1
+    M.set_health(1, Health.READY)
+    step(deployment, 2)
+    assert M.split() == {"v1": (100, 2)}
+    assert deployment.observed_state == "serving"
+    assert deployment.status_message == (
+        "v1 serves on 2 instance(s) again; lost instances were replaced."
+    )
+
+
+def test_a_version_that_keeps_crashing_stops_restarting_and_says_why(
+    versions, cpu_instance_type, settings
+):
+    settings.INSTANCE_RESTART_BACKOFF_SECONDS = 0
+    settings.CRASH_LOOP_FAILURES = 3
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
+    for attempt in range(3):
+        crash_one(1, f"CUDA out of memory (attempt {attempt})")
+        step(deployment)
+    # Two failures were restarted at once; the third makes a crash loop: nothing starts.
+    assert M.started == 3 and M.count(1, Health.STARTING, Health.READY) == 0
+    assert deployment.status_message.startswith("Crash loop: v1 had 3 instance failures")
+    assert deployment.status_message.endswith("CUDA out of memory (attempt 2)")
+    step(deployment, 3)
+    assert M.started == 3
+    loop_events = [e for e in deployment.events.all() if e.message.startswith("Crash loop")]
+    assert len(loop_events) == 1  # said once in the timeline, not at every step
+    age_failures(deployment, settings.CRASH_LOOP_WINDOW_SECONDS + 1)
+    step(deployment)
+    assert M.count(1, Health.STARTING) == 1  # the window passed: it tries again
+
+
+def test_an_instance_that_stays_unhealthy_is_drained_and_replaced(
+    versions, cpu_instance_type, settings
+):
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2)
+    name = next(iter(M.table))
+    M.table[name][2] = Health.UNHEALTHY
+    step(deployment)
+    assert M.count(1, Health.STARTING) == 0  # one failing check is not a reason yet
+    past = timezone.now() - timedelta(seconds=settings.UNHEALTHY_REPLACE_SECONDS + 1)
+    deployment.instances.filter(state="unhealthy").update(updated_at=past)
+    step(deployment)
+    assert deployment.instances.get(name=name).state == "draining"
+    assert M.count(1, Health.STARTING) == 1
+
+
+def test_a_lost_instance_of_the_old_version_is_replaced_mid_rollout(
+    versions, cpu_instance_type, settings
+):
+    settings.INSTANCE_RESTART_BACKOFF_SECONDS = 0
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=4, stages=[25, 100])
+    to_first_bake(deployment, v2)
+    assert M.split() == {"v2": (25, 1), "v1": (75, 3)}
+    crash_one(1)
+    step(deployment)
+    assert deployment.observed_state == "progressing"  # the old set's loss is no rollback
+    assert M.count(1, Health.STARTING) == 1  # v1 keeps its three for its 75%
+    M.set_health(1, Health.READY)
+    step(deployment)
+    assert M.split() == {"v2": (25, 1), "v1": (75, 3)}

@@ -178,6 +178,67 @@ def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
     settled(world, deployment, 1)
 
 
+def kill_between_requests(load: Load, world, instance) -> None:
+    """kill -9 an instance and its engine while no request is in flight (one in flight on it
+    would be lost, and no proxy may replay it), and wait until they are gone."""
+    with load.quiet():
+        process = instance_processes(world.run_root)[instance.name]
+        dying = [process, *process.children(recursive=True)]
+        for each in dying:
+            each.kill()
+        psutil.wait_procs(dying, timeout=10)
+
+
+def ready_again(deployment: Deployment, version, count: int, lost: str):
+    def whole():
+        ready = [
+            i
+            for i in live_instances(deployment)
+            if i.version_id == version.pk and i.state == "ready"
+        ]
+        return len(ready) == count and lost not in {i.name for i in ready}
+
+    wait_for(whole, 120, f"{count} ready v{version.number}", explain=lambda: why(deployment))
+
+
+def test_a_killed_serving_instance_is_replaced(rollout_world):
+    world = rollout_world
+    model = world.model("chat")
+    v1 = world.version(model)
+    deployment = world.deploy(model, v1, replicas=2, bake_seconds=0)
+    serving(deployment, 1)
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        victim = live_instances(deployment)[0]
+        kill_between_requests(load, world, victim)
+        ready_again(deployment, v1, 2, victim.name)
+        time.sleep(1)  # requests on the replacement too
+    assert load.failures() == []
+    assert state(deployment).observed_state == "serving"
+    assert any("Starting 1 instance(s) of v1" in m for m in timeline(deployment))
+    settled(world, deployment, 2)
+
+
+def test_a_killed_old_instance_is_replaced_mid_rollout_and_the_rollout_goes_on(chat):
+    world, model, v1, v2, deployment = chat
+    services.update_deployment(deployment, actor=USER, bake_seconds=600)
+    with Load(world.endpoint(model), SERVED_NAME) as load:
+        services.update_deployment(deployment, actor=USER, version=v2)
+        wait_for(
+            lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
+        )
+        [victim] = [i for i in live_instances(deployment) if i.version_id == v1.pk]
+        kill_between_requests(load, world, victim)
+        ready_again(deployment, v1, 1, victim.name)
+        started = time.time()
+        wait_for(lambda: load.mix(since=started)["v1"] > 0, 30, "v1 answering again")
+        assert in_bake(deployment, 1)  # the old set's loss did not stop the rollout
+        services.update_deployment(deployment, actor=USER, bake_seconds=1)
+        services.act(deployment, Action.PROMOTE, actor=USER)
+        serving(deployment, 2)
+    assert load.failures() == []
+    settled(world, deployment, 1)
+
+
 def test_an_error_rate_breach_during_the_bake_rolls_back(chat):
     world, model, _v1, v2, deployment = chat
     services.update_deployment(deployment, actor=USER, bake_seconds=60, max_error_rate=0.2)
