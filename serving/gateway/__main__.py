@@ -1,10 +1,16 @@
 """Run the gateway: ``python -m serving.gateway --port 8080 --redis-url redis://...``.
 
-It serves at once with the table it finds in Redis (an empty one is fine), prints
-``GATEWAY READY http://HOST:PORT`` on stdout, and then follows the table: it checks the
-generation every 100 ms, swaps in a new table whole, and reports what it applied (see
-:mod:`serving.gateway.table`). A malformed table is logged and ignored; the last good one
-stays. SIGTERM: stop accepting, let in-flight requests finish (``--drain-timeout``), exit 0.
+``--workers`` gateway processes share the port (SO_REUSEPORT) under a supervisor that starts
+another when one dies (:mod:`serving.gateway.supervisor`), so a gateway process lost loses only
+the requests it had in flight. Each serves at once with the table it finds in Redis, or, when
+Redis has none or cannot be reached, with the copy it last saved (``--table-file``); the
+supervisor prints ``GATEWAY READY http://HOST:PORT`` on stdout once all of them listen. Each then
+follows the table: it checks the generation every 100 ms, swaps in a new table whole, saves it,
+and reports what it applied (see :mod:`serving.gateway.table`). A malformed table is logged and
+ignored; the last good one stays. A generation counter lower than the applied table's means
+Redis lost its data (a restart without persistence): the table published under the new counter
+is taken even though its number is lower. SIGTERM: stop accepting, let in-flight requests
+finish (``--drain-timeout``), exit 0.
 """
 
 from __future__ import annotations
@@ -17,20 +23,34 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from serving.gateway import table
-from serving.gateway.proxy import Gateway, make_app
+from serving.gateway.supervisor import supervise
+
+if TYPE_CHECKING:
+    from serving.gateway.proxy import Gateway
 
 log = logging.getLogger("serving.gateway")
 POLL_SECONDS = 0.1
 REPORT_SECONDS = 1.0
 
 
-async def follow(gateway: Gateway, client: aioredis.Redis, prefix: str, gateway_id: str) -> None:
-    """Keep the gateway on the newest good table, and say which one it runs."""
+async def follow(
+    gateway: Gateway,
+    client: aioredis.Redis,
+    prefix: str,
+    gateway_id: str,
+    table_file: Path | None = None,
+    applied: bytes | str | None = None,
+) -> None:
+    """Keep the gateway on the newest good table, save it, and say which one it runs.
+    ``applied`` is the table document it started with."""
     seen_generation = None
     reported_at = 0.0
     while True:
@@ -48,16 +68,34 @@ async def follow(gateway: Gateway, client: aioredis.Redis, prefix: str, gateway_
                         log.error("ignoring the routing table: %s", exc)
                         seen_generation = generation
                     else:
-                        if number > gateway.generation:
+                        # Redis lost its data: its counter started again, at or below ours,
+                        # and the table under it is not the one applied.
+                        counter = None if generation is None else int(generation)
+                        reset = (
+                            counter is not None
+                            and number == counter <= gateway.generation
+                            and raw != applied
+                        )
+                        if number > gateway.generation or reset:
                             gateway.apply(number, entries)
+                            applied = raw
+                            if table_file is not None:
+                                table.save_copy(table_file, raw)
                             reported_at = 0.0
                         if generation is None or number >= int(generation):
                             seen_generation = generation
             if time.monotonic() - reported_at >= REPORT_SECONDS:
                 reported_at = time.monotonic()
-                await client.set(
-                    f"{prefix}:live:{gateway_id}", gateway.generation, ex=table.LIVE_SECONDS
+                before = await client.set(
+                    f"{prefix}:live:{gateway_id}",
+                    gateway.generation,
+                    ex=table.LIVE_SECONDS,
+                    get=True,
                 )
+                if before is None:
+                    # The report written a second ago is gone: Redis lost its data, and its
+                    # counter may have started again at the number already seen. Read again.
+                    seen_generation = None
                 seen, gateway.seen = gateway.seen, {}
                 if seen:
                     await client.hset(f"{prefix}:last_request", mapping=seen)  # type: ignore[arg-type]
@@ -67,28 +105,64 @@ async def follow(gateway: Gateway, client: aioredis.Redis, prefix: str, gateway_
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def run(args: argparse.Namespace) -> int:
+async def first_table(
+    client: aioredis.Redis, prefix: str, table_file: Path | None
+) -> bytes | str | None:
+    """The table to serve from the start: Redis's, else the copy saved by the last one."""
+    try:
+        raw = await client.get(f"{prefix}:routes")
+    except (aioredis.RedisError, OSError) as exc:
+        log.warning("Redis unavailable at start: %s", exc)
+        raw = None
+    if raw is None and table_file is not None:
+        raw = table.load_copy(table_file)
+        if raw is not None:
+            log.info("Redis has no routing table: serving the copy saved in %s", table_file)
+    return raw
+
+
+async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None) -> int:
+    """One gateway process; ``ready`` is called once it listens (the supervisor's signal)."""
+    # Imported here, in the worker: prometheus_client must not be loaded before the supervisor
+    # chose the metrics directory (serving.gateway.supervisor).
+    from serving.gateway.proxy import Gateway, make_app
+
     gateway = Gateway()
     client = aioredis.Redis.from_url(args.redis_url)
-    with contextlib.suppress(table.TableError):
-        raw = await client.get(f"{args.prefix}:routes")
-        if raw is not None:
+    table_file = Path(args.table_file) if args.table_file else None
+    raw = await first_table(client, args.prefix, table_file)
+    if raw is not None:
+        try:
             gateway.apply(*table.parse(raw))
+        except table.TableError as exc:
+            log.error("ignoring the routing table: %s", exc)
+            raw = None
     gateway_id = f"{socket.gethostname()}:{args.port}:{os.getpid()}"
     runner = web.AppRunner(make_app(gateway), access_log=None, handler_cancellation=False)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=args.drain_timeout)
+    site = web.TCPSite(
+        runner, args.host, args.port, shutdown_timeout=args.drain_timeout, reuse_port=True
+    )
     await site.start()
-    await client.set(f"{args.prefix}:live:{gateway_id}", gateway.generation, ex=table.LIVE_SECONDS)
-    print(f"GATEWAY READY http://{args.host}:{args.port}", flush=True)
+    with contextlib.suppress(aioredis.RedisError, OSError):
+        await client.set(
+            f"{args.prefix}:live:{gateway_id}", gateway.generation, ex=table.LIVE_SECONDS
+        )
+    if ready is not None:
+        ready()
+    else:
+        print(f"GATEWAY READY http://{args.host}:{args.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    follower = asyncio.create_task(follow(gateway, client, args.prefix, gateway_id))
+    follower = asyncio.create_task(
+        follow(gateway, client, args.prefix, gateway_id, table_file, raw)
+    )
     await stop.wait()
     follower.cancel()
-    await client.delete(f"{args.prefix}:live:{gateway_id}")
+    with contextlib.suppress(aioredis.RedisError, OSError):
+        await client.delete(f"{args.prefix}:live:{gateway_id}")
     await runner.cleanup()  # stops listening, waits for in-flight requests up to the drain time
     await client.aclose()
     return 0
@@ -103,17 +177,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prefix", default="gateway", help="Redis key prefix of the table")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("GATEWAY_WORKERS", "2")),
+        help="gateway processes sharing the port; 0 runs one in this process, unsupervised",
+    )
+    parser.add_argument(
+        "--table-file",
+        default=os.environ.get("GATEWAY_TABLE_FILE") or None,
+        help="where each process saves the table it applied, to start from when Redis has none",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.workers > 0:
+        return supervise(args, serve_one)
+    return serve_one(args)
+
+
+def serve_one(args: argparse.Namespace, ready: Callable[[], None] | None = None) -> int:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    return asyncio.run(run(args))
+    return asyncio.run(run(args, ready))
 
 
 if __name__ == "__main__":

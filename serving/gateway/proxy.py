@@ -15,13 +15,15 @@ table becomes meanwhile; a backend that leaves the table only stops getting new 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, multiprocess
 
+from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
 from serving.gateway.table import Backend, Group, RouteEntry
 
 #: Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp sets.
@@ -103,12 +105,29 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        # Under the supervisor, every process writes its values to files that /metrics sums
+        # (prometheus_client's multiprocess mode); a gauge then takes these modes over the
+        # processes alive: all requests in flight, the oldest table applied.
         self.in_flight = Gauge(
-            "gateway_in_flight", "Requests being proxied", registry=self.registry
+            "gateway_in_flight",
+            "Requests being proxied",
+            registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.generation = Gauge(
-            "gateway_table_generation", "Routing table generation applied", registry=self.registry
+            "gateway_table_generation",
+            "Routing table generation applied",
+            registry=self.registry,
+            multiprocess_mode="livemin",
         )
+
+    def exposition(self) -> bytes:
+        """This process's metrics, or, under the supervisor, those of every gateway process."""
+        if not os.environ.get(MULTIPROCESS_DIR_VARIABLE):
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged)
 
 
 class Gateway:
@@ -158,7 +177,7 @@ class Gateway:
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=generate_latest(self.metrics.registry),
+            body=self.metrics.exposition(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 

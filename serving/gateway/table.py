@@ -15,7 +15,9 @@ Keys under ``prefix`` (default ``gateway``):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -93,6 +95,22 @@ def _route(item: dict[str, Any]) -> RouteEntry:
         ]
         groups.append(Group(str(group["label"]), weight, backends))
     return RouteEntry(path, groups)
+
+
+def save_copy(path: Path, raw: bytes | str) -> None:
+    """Keep the table a gateway applied on disk, replaced atomically (several gateway processes
+    may write it), so a gateway started while Redis has lost it still has routes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_bytes(raw.encode() if isinstance(raw, str) else raw)
+    os.replace(partial, path)
+
+
+def load_copy(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def applied_generation(client: redis.Redis, prefix: str = "gateway") -> int | None:

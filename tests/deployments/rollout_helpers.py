@@ -39,7 +39,7 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2, explai
         time.sleep(interval)
 
 
-def start_gateway(redis_url: str) -> tuple[subprocess.Popen, str]:
+def start_gateway(redis_url: str, *options: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -52,6 +52,7 @@ def start_gateway(redis_url: str) -> tuple[subprocess.Popen, str]:
             str(port),
             "--redis-url",
             redis_url,
+            *options,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
