@@ -271,7 +271,7 @@ CELERY_BEAT_SCHEDULE = {
     "evict-model-cache": {"task": "portal.cache.tasks.evict_model_cache", "schedule": 600.0},
     "redrive-deployments": {
         "task": "portal.deployments.tasks.redrive_deployments",
-        "schedule": 10.0,
+        "schedule": 3.0,
     },
     "clean-up-versioned": {
         "task": "portal.deployments.tasks.clean_up_versioned",

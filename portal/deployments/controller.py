@@ -65,7 +65,7 @@ def reconcile(deployment_id: int) -> float | None:
     """Take the next step for one deployment. Returns seconds until it should be looked at
     again, or None when it needs nothing more (a finished deployment with no instance left)."""
     client = redis_client()
-    lock = client.lock(f"reconcile:{deployment_id}", timeout=LOCK_SECONDS)
+    lock = client.lock(lock_key(deployment_id), timeout=LOCK_SECONDS)
     if not lock.acquire(blocking=False):
         return _interval()  # another worker is at it; look again soon in case it just finished
     try:
@@ -102,6 +102,11 @@ def reconcile(deployment_id: int) -> float | None:
         # A lock that expired (a step longer than LOCK_SECONDS) has nothing left to undo.
         with contextlib.suppress(redis.exceptions.LockError):
             lock.release()
+
+
+def lock_key(deployment_id: int) -> str:
+    """The Redis lock held while a worker reconciles the deployment."""
+    return f"reconcile:{deployment_id}"
 
 
 # --- helpers ------------------------------------------------------------------------------------

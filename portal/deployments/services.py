@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from portal.cache.services import prepare_for_deploy
@@ -409,14 +409,20 @@ def advise_strategy(
 # --- What beat looks after ---------------------------------------------------------------------
 
 
-def stalled_deployments() -> list[int]:
-    """Deployments the controller should be looking at and has not lately (its worker died)."""
-    stale = timezone.now() - timedelta(seconds=settings.RECONCILE_STALE_SECONDS)
+def watched_deployments() -> QuerySet[Deployment]:
+    """Deployments the controller must keep looking at: live ones, and any with an instance
+    still running."""
     running = Instance.objects.exclude(
         state__in=[InstanceState.STOPPED, InstanceState.FAILED]
     ).values("deployment_id")
+    return Deployment.objects.filter(Q(observed_state__in=LIVE_STATES) | Q(pk__in=running))
+
+
+def stalled_deployments() -> list[int]:
+    """Deployments the controller should be looking at and has not lately (its worker died)."""
+    stale = timezone.now() - timedelta(seconds=settings.RECONCILE_STALE_SECONDS)
     return list(
-        Deployment.objects.filter(Q(observed_state__in=LIVE_STATES) | Q(pk__in=running))
+        watched_deployments()
         .filter(Q(last_reconciled_at__isnull=True) | Q(last_reconciled_at__lt=stale))
         .values_list("pk", flat=True)
     )

@@ -3,7 +3,9 @@
 
 A deployment is looked at by a chain of ``reconcile_deployment`` tasks, each scheduling the
 next. A Redis marker keeps at most one pending task per deployment however often it is kicked,
-and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died.
+and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died, or
+whose chain Redis lost (a restart without persistence drops the queued tasks and the markers:
+a watched deployment with neither a marker nor a reconcile in progress has nobody coming).
 """
 
 from __future__ import annotations
@@ -47,15 +49,25 @@ def wake_deployments_of(version: ModelVersion) -> None:
 
 @shared_task
 def redrive_deployments() -> list[int]:
-    """Beat: restart the controller for every deployment not looked at recently."""
+    """Beat: restart the controller for every deployment not looked at recently, or that no
+    pending task or running reconcile will look at (its chain was lost with Redis's data)."""
     from portal.deployments import services
+    from portal.deployments.controller import lock_key
 
     client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:
         client.delete(_marker(deployment_id))
         schedule(deployment_id)
-    return stalled
+    watched = [pk for pk in services.watched_deployments().values_list("pk", flat=True)]
+    with client.pipeline(transaction=False) as pipe:
+        for deployment_id in watched:
+            pipe.exists(_marker(deployment_id), lock_key(deployment_id))
+        looks = pipe.execute()
+    orphaned = [pk for pk, found in zip(watched, looks, strict=True) if not found]
+    for deployment_id in orphaned:
+        schedule(deployment_id)  # a marker that appeared meanwhile makes this a no-op
+    return sorted({*stalled, *orphaned})
 
 
 @shared_task

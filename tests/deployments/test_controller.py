@@ -359,3 +359,21 @@ def test_a_lost_instance_of_the_old_version_is_replaced_mid_rollout(
     M.set_health(1, Health.READY)
     step(deployment)
     assert M.split() == {"v2": (25, 1), "v1": (75, 3)}
+
+
+def test_beat_restarts_a_chain_that_redis_lost(versions, cpu_instance_type, monkeypatch):
+    from portal.core.redis_clients import redis_client
+    from portal.deployments import tasks
+
+    model, v1, _ = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
+    woken: list[int] = []
+    monkeypatch.setattr(tasks, "schedule", lambda pk, delay=0.0: woken.append(pk))
+    client = redis_client()
+    client.set(tasks._marker(deployment.pk), 1)  # a look is pending
+    assert tasks.redrive_deployments() == [] and woken == []
+    client.set(controller.lock_key(deployment.pk), "worker")  # a worker is at it right now
+    client.delete(tasks._marker(deployment.pk))
+    assert tasks.redrive_deployments() == []
+    client.flushdb()  # Redis restarted without its data: nobody is coming
+    assert tasks.redrive_deployments() == [deployment.pk] and woken == [deployment.pk]

@@ -271,7 +271,7 @@ def test_a_rollout_survives_its_worker_being_killed(chat):
         time.sleep(3)  # longer than RECONCILE_STALE_SECONDS: nobody is looking now
         stuck = state(deployment).last_reconciled_at
         world.worker = start_celery_worker("rollout-2")
-        redrive_deployments.delay()  # what beat does every 10 s
+        redrive_deployments.delay()  # what beat does every 3 s
         serving(deployment, 2)
     assert load.failures() == []
     assert state(deployment).last_reconciled_at > stuck
