@@ -12,19 +12,21 @@ import time
 import httpx
 import psutil
 import pytest
+import redis
 from django.conf import settings
 
 from portal.deployments import services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import redrive_deployments
-from tests.conftest import start_celery_worker
+from tests.conftest import start_celery_worker, stop_process_group
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (
     Load,
     explain,
     instance_processes,
     live_instances,
+    start_gateway,
     timeline,
     wait_for,
 )
@@ -276,6 +278,42 @@ def test_a_rollout_survives_its_worker_being_killed(chat):
     assert load.failures() == []
     assert state(deployment).last_reconciled_at > stuck
     settled(world, deployment, 1)  # no instance leaked: only v2's one runs
+
+
+def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
+    """FLUSHDB mid-rollout (a Redis restart without persistence): the routing table, the
+    controller's markers and locks, the queued tasks and Celery's bindings are gone."""
+    world, model, _v1, v2, deployment = chat
+    saved = tmp_path / "gateway-table.json"
+    saver, _ = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        with Load(world.endpoint(model), SERVED_NAME) as load:
+            services.update_deployment(deployment, actor=USER, version=v2)
+            wait_for(
+                lambda: in_bake(deployment, 1),
+                120,
+                "the 50% stage",
+                explain=lambda: why(deployment),
+            )
+            wait_for(saved.exists, 10, "the gateway's saved table")
+            client.flushdb()
+            fresh, fresh_url = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+            try:
+                answer = httpx.post(
+                    f"{fresh_url}/models/{world.team.slug}/{model.slug}/v1/completions",
+                    json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
+                    timeout=30,
+                )
+                assert answer.status_code == 200, answer.text  # from the saved copy
+            finally:
+                stop_process_group(fresh)
+            redrive_deployments.delay()  # what beat does every 3 s
+            serving(deployment, 2)
+        assert load.failures() == []
+        settled(world, deployment, 1)
+    finally:
+        stop_process_group(saver)
 
 
 def test_versioned_versions_serve_side_by_side_and_idle_old_ones_are_cleaned_up(
