@@ -175,6 +175,9 @@ class Deployment(models.Model):
     step = RolloutStepField(default=RolloutStep, blank=True)
     status_message = models.TextField(blank=True)
     last_reconciled_at = models.DateTimeField(null=True, blank=True)
+    #: When the gateways last saw a request for the endpoint, as the Versioned clean-up last
+    #: read it from them: kept here so that Redis losing its data does not make it unknown.
+    last_request_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

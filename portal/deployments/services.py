@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -462,10 +462,14 @@ def retire_idle_versioned() -> list[int]:
             .values_list("created_at", flat=True)
             .first()
         )
-        last = max(
-            seen.get(route_path(deployment), 0.0),
-            serving_since.timestamp() if serving_since else time.time(),
-        )
+        reported = seen.get(route_path(deployment), 0.0)
+        remembered = deployment.last_request_at.timestamp() if deployment.last_request_at else 0.0
+        if reported > remembered:
+            Deployment.objects.filter(pk=deployment.pk).update(
+                last_request_at=datetime.fromtimestamp(reported, tz=UTC)
+            )
+        called = max(reported, remembered)
+        last = max(called, serving_since.timestamp() if serving_since else time.time())
         if time.time() - last < idle_for:
             continue
         transition_deployment(

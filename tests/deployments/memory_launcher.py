@@ -30,10 +30,12 @@ class MemoryLauncher(Launcher):
     stop_calls: ClassVar[list[str]] = []
     #: set key → names in ``table``, so observing one set does not scan every instance.
     by_set: ClassVar[dict[str, list[str]]] = {}
+    #: route path → Unix time of its last request, as gateways would report it.
+    requests: ClassVar[dict[str, float]] = {}
 
     @classmethod
     def reset(cls) -> None:
-        cls.table, cls.routes, cls.stop_calls, cls.by_set = {}, [], [], {}
+        cls.table, cls.routes, cls.stop_calls, cls.by_set, cls.requests = {}, [], [], {}, {}
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
 
@@ -75,6 +77,9 @@ class MemoryLauncher(Launcher):
 
     def traffic_applied(self, generation: int) -> bool:
         return MemoryLauncher.applied >= generation
+
+    def last_requests(self) -> dict[str, float]:
+        return dict(MemoryLauncher.requests)
 
     # --- what the test does to the world ------------------------------------------------------
 

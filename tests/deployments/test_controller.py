@@ -377,3 +377,32 @@ def test_beat_restarts_a_chain_that_redis_lost(versions, cpu_instance_type, monk
     assert tasks.redrive_deployments() == []
     client.flushdb()  # Redis restarted without its data: nobody is coming
     assert tasks.redrive_deployments() == [deployment.pk] and woken == [deployment.pk]
+
+
+def test_the_versioned_clean_up_remembers_last_requests_redis_forgot(
+    versions, cpu_instance_type, settings
+):
+    import time
+
+    model, v1, v2 = versions
+    deployments = []
+    for version in (v1, v2):
+        deployment = services.create_deployment(
+            model=model,
+            strategy="versioned",
+            version=version,
+            instance_type=cpu_instance_type,
+            actor=USER,
+            replicas=1,
+        )
+        step(deployment, 2)
+        M.set_health(version.number, Health.READY)
+        deployments.append(run_until(deployment, lambda d: d.observed_state == "serving"))
+    old = deployments[0]
+    settings.VERSIONED_IDLE_SECONDS = 0  # serving since a moment ago is idle enough
+    M.requests[f"{model.team.slug}/{model.slug}/versions/1"] = time.time() + 3600
+    assert services.retire_idle_versioned() == []  # v1 was just called
+    M.requests.clear()  # the gateways' records went with Redis's data
+    assert services.retire_idle_versioned() == []  # still known from the database
+    Deployment.objects.filter(pk=old.pk).update(last_request_at=timezone.now() - timedelta(1))
+    assert services.retire_idle_versioned() == [old.pk]
