@@ -308,3 +308,57 @@ def test_the_current_stage_percent_has_one_home(world, member):
     assert seen() == (50, 50, "stage 2 of 3 (50% on v1)")
     Deployment.objects.filter(pk=deployment.pk).update(current_stage=4)  # past the last: none
     assert seen() == (None, None, "not started")
+
+
+# --- quotas -------------------------------------------------------------------------------------
+
+
+def test_a_team_at_its_live_deployment_quota_is_refused_naming_it(channel, world, member):
+    world.team.max_live_deployments = 1
+    world.team.save()
+    make_deployment(world.model, world.versions[0], world.cpu, "versioned")
+    outcome = channel(world, member, a_request(world, 2, "versioned"))
+    assert outcome.deployment is None
+    assert "quota of 1 live deployments would be exceeded: 1 in use" in outcome.errors[""]
+    assert Deployment.objects.count() == 1
+
+
+def test_gpus_count_replicas_times_the_instance_types_gpus(channel, world, member):
+    world.team.max_gpus = 1
+    world.team.save()
+    outcome = channel(world, member, a_request(world, 1, instance_type=world.gpu, replicas=2))
+    assert "quota of 1 GPUs would be exceeded: 0 in use" in outcome.errors[""]
+    assert "this asks for 2 GPU(s)" in outcome.errors[""]
+    assert not Deployment.objects.exists()
+    ok = channel(world, member, a_request(world, 1, instance_type=world.gpu, replicas=1))
+    assert ok.deployment is not None
+
+
+def test_scaling_past_the_instance_quota_changes_nothing(channel, world, member):
+    world.team.max_instances = 3
+    world.team.save()
+    live = make_deployment(world.model, world.versions[0], world.cpu)
+    serve(live)
+    before = Deployment.objects.values().get(pk=live.pk)
+    outcome = channel(world, member, a_request(world, 2, replicas=4))
+    assert "quota of 3 instances would be exceeded: 0 in use" in outcome.errors[""]
+    assert Deployment.objects.values().get(pk=live.pk) == before  # nor its rollout settings
+    assert channel(world, member, a_request(world, 2, replicas=3)).deployment == live.pk
+
+
+def test_the_api_answers_a_quota_with_403_and_its_figures(world, member):
+    from rest_framework.test import APIClient
+
+    world.team.max_instances = 1
+    world.team.save()
+    client = APIClient()
+    client.force_login(member)
+    response = client.post(
+        "/api/v1/deployments/",
+        {**a_request(world, 1), "model": world.model.pk, "instance_type": world.cpu.name},
+        format="json",
+    )
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "quota_exceeded"
+    assert error["detail"] == {"quota": "instances", "limit": 1, "in_use": 0, "requested": 2}

@@ -12,9 +12,24 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "member_count", "created_at"]
+    list_display = [
+        "slug", "name", "member_count", "max_live_deployments", "max_instances", "max_gpus",
+        "created_at",
+    ]  # fmt: skip
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
+    fieldsets = [
+        (None, {"fields": ["slug", "name"]}),
+        (
+            "Quotas",
+            {
+                "fields": ["max_live_deployments", "max_instances", "max_gpus"],
+                "description": "Checked when a deploy or a scale is asked for; blank for no "
+                "limit. During a Red-Black rollout a stage may run more instances than the "
+                "replicas these count.",
+            },
+        ),
+    ]
     inlines = [MembershipInline]
 
     @admin.display(description="members")

@@ -24,6 +24,20 @@ class Team(models.Model):
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )
+    #: Quotas operators set in the admin, checked when a deploy or a scale is asked for
+    #: (:mod:`portal.deployments.quotas`); blank means no limit.
+    max_live_deployments = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Live deployments at once; blank for no limit."
+    )
+    max_instances = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Replicas over all live deployments; blank for no limit."
+    )
+    max_gpus = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="GPUs over all live deployments (replicas times the instance type's GPUs); blank "
+        "for no limit.",
+    )
 
     class Meta:
         ordering = ["slug"]

@@ -28,3 +28,10 @@ class Conflict(ApplicationError):
 
 class InvalidTransition(Conflict):
     code = "invalid_transition"
+
+
+class QuotaExceeded(ApplicationError):
+    """The request would take the team past a quota an operator set."""
+
+    status_code = 403
+    code = "quota_exceeded"

@@ -15,7 +15,7 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import limits
+from portal.deployments import limits, quotas
 from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
@@ -199,6 +199,7 @@ def create_deployment(
     )
     try:
         with transaction.atomic():
+            quotas.check_quota(model.team_id, replicas=replicas, instance_type=instance_type)
             deployment.save()
             record_event(
                 deployment,
@@ -261,6 +262,13 @@ def update_deployment(
             for name, value in changed.items():
                 setattr(locked, name, value)
             locked.save(update_fields=[*changed, "updated_at"])
+        if replicas is not None and replicas > locked.replicas:
+            quotas.check_quota(
+                locked.model.team_id,
+                replicas=replicas,
+                instance_type=locked.instance_type,
+                replacing=locked,
+            )
         if replicas is not None and replicas != locked.replicas:
             record_event(
                 locked,
