@@ -4,6 +4,7 @@
 A deployment is looked at by a chain of ``reconcile_deployment`` tasks, each scheduling the
 next. A Redis marker keeps at most one pending task per deployment however often it is kicked,
 and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died.
+Beat's ``publish_routes`` rebuilds the routing table from the database now and then.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def redrive_deployments() -> list[int]:
         client.delete(_marker(deployment_id))
         schedule(deployment_id)
     return stalled
+
+
+@shared_task
+def publish_routes() -> int:
+    """Beat: publish the routing table built from the database, the backstop behind the steps
+    that publish from the recorded routes (see :mod:`.routing`). Publishes nothing when the
+    table is what was last published."""
+    from portal.deployments import routing
+
+    return routing.publish()
 
 
 @shared_task
