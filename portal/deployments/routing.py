@@ -75,7 +75,7 @@ ROUTES_KEY = "routing:routes"
 #: Routes this process has decoded, by digest: a digest names a route's whole content, so a
 #: route decoded once serves every later table that still holds it.
 _decoded: dict[str, Route] = {}
-DECODED_MAX = 20_000
+DECODED_MAX = 5_000  # about 3 kB each
 
 
 def route_path(deployment: Deployment) -> str:
