@@ -273,6 +273,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.deployments.tasks.redrive_deployments",
         "schedule": 3.0,
     },
+    "publish-routes": {"task": "portal.deployments.tasks.publish_routes", "schedule": 60.0},
     "clean-up-versioned": {
         "task": "portal.deployments.tasks.clean_up_versioned",
         "schedule": 300.0,

@@ -1,25 +1,29 @@
-"""Which instances take which share of each endpoint, computed from the database, published whole.
+"""Which instances take which share of each endpoint: the database is the truth, the table is
+published whole.
 
-The routing table is never patched: every publication is computed afresh from the deployments'
-``traffic`` and their ready instances, for every live deployment at once, under one Redis lock,
-and handed whole to the launcher (:meth:`Launcher.set_traffic`, which the gateways read as one
-document). So a worker killed between two publications leaves a table the next one simply
-replaces, and two controllers publishing at once cannot leave a stale one behind.
+The launcher always receives the whole table (:meth:`Launcher.set_traffic`, which the gateways
+read as one document, and from which a Kubernetes launcher syncs every Service and HTTPRoute),
+published under one Redis lock. So a worker killed between two publications leaves a table the
+next one simply replaces, and two controllers publishing at once cannot leave a stale one behind.
 
-What scales with the number of deployments is kept out of the common step. Every reconcile asks
+What scales with the number of deployments is kept out of every step. Every reconcile asks
 :func:`publish` for *its own* deployment: it computes that one route from the deployment and
 instance rows the step holds (no query; :func:`route_of`) and compares its digest with the one
-recorded for it in Redis when the last table was published. Only when they differ (its traffic or
-its ready instances changed, or it left or joined the live set) is the whole table built again from
-the database, in a fixed number of queries too (deployments, their ready instances, the versions a
-split names that have none), and published. The comparison is with what was published, not with
-what the step did, so a change that a worker killed before publishing left behind is published by
-the deployment's next step. A serving deployment whose instances stay as they are therefore never
-pays for the others; a step that changes routing pays one build of the table, and one published by
-a concurrent worker after the change is reused rather than repeated. This was chosen over patching
-the table per route because the launcher interface and the gateway's table stay whole documents (a
-Kubernetes launcher syncs every Service and HTTPRoute from it, and the gateway swaps its table
-whole), so the crash-safety argument above does not change.
+recorded for it in Redis when the last table was published. Only when they differ (its traffic,
+its ready instances or anything else its route holds changed, or it left or joined the live set)
+is a table published: the routes recorded with the last one, with this deployment's replaced (or
+dropped), so a step that changes routing reads no other deployment from the database. Each route
+is kept whole in Redis by its digest (``ROUTES_KEY``, written in the same transaction as the
+record), and a worker keeps those it decoded: a digest names a route's whole content.
+
+Taking the others' routes from the record rather than the database loses no change: a change
+stored in the database whose step died before publishing is published by that deployment's next
+step, which compares its route read from the database with the recorded digest; a deployment
+that leaves the live set drops its recorded route the same way (its route is None and the record
+has one). :func:`publish` with no deployment, and a record missing, incomplete or of another
+``FORMAT``, build the whole table from the database instead (three queries, but every live
+deployment made into model instances); beat's ``publish_routes`` does so every minute, the
+backstop for a route whose deployment is no longer stepped.
 
 An instance is stopped only once a table without it is applied (:func:`.instances.stop_drained`).
 :func:`publish` answers for a deployment with the generation of the first table in which its
@@ -33,6 +37,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from django.conf import settings
@@ -40,7 +45,14 @@ from django.db.models import QuerySet
 
 from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import get_launcher, version_set
-from portal.deployments.launchers.base import Health, ObservedInstance, Route, TrafficShare
+from portal.deployments.launchers.base import (
+    Health,
+    ObservedInstance,
+    Route,
+    Shape,
+    TrafficShare,
+    VersionSet,
+)
 from portal.deployments.models import (
     LIVE_STATES,
     Deployment,
@@ -54,8 +66,16 @@ PUBLISH_LOCK_SECONDS = 30
 #: The digest and generation of the last table published.
 PUBLISHED_KEY = "routing:published"
 #: Marks a ``PUBLISHED_KEY`` that records each route's digest (``route:<deployment id>`` →
-#: ``<generation since>:<digest>``) beside the table's; anything else is published again.
-FORMAT = "routes-v1"
+#: ``<generation since>:<digest>``) beside the table's, and whose routes ``ROUTES_KEY`` holds; a
+#: record of any other format is replaced by one built from the database.
+FORMAT = "routes-v2"
+#: The routes of the last table published, by digest (digest → :func:`_dump`), written in the
+#: same transaction as ``PUBLISHED_KEY``.
+ROUTES_KEY = "routing:routes"
+#: Routes this process has decoded, by digest: a digest names a route's whole content, so a
+#: route decoded once serves every later table that still holds it.
+_decoded: dict[str, Route] = {}
+DECODED_MAX = 5_000  # about 3 kB each
 
 
 def route_path(deployment: Deployment) -> str:
@@ -201,28 +221,59 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
     None) and return a generation for ``traffic_applied``: for a deployment, that of the first
     published table in which its route was what it is now. ``rows``: see :func:`route_of`.
 
-    The whole table is built from the database and published only when the deployment's route
-    differs from what was last published for it; a table equal to the last one published is not
-    published again (its generation stands, so waiting for it is not reset by every step)."""
+    A table is published only when the deployment's route differs from what was last published
+    for it: the recorded routes with its own replaced, not a table built from the database (see
+    the module's docstring). A table equal to the last one published is not published again (its
+    generation stands, so waiting for it is not reset by every step)."""
     client = redis_client(decode_responses=True)
-    mine = None
+    mine: Route | None = None
+    mine_dumped: str | None = None
     if deployment is not None:
-        mine = _digest(route_of(deployment, rows))
-        known = _published_for(client, deployment.pk, mine)
+        mine = route_of(deployment, rows)
+        mine_dumped = _dump(mine)
+        fmt, latest, recorded = cast(
+            list[str | None],  # decoded responses
+            client.hmget(PUBLISHED_KEY, ["format", "generation", f"route:{deployment.pk}"]),
+        )
+        known = _published_for(fmt, latest, recorded, _digest(mine_dumped))
         if known is not None:
             return known
     with client.lock("routing:publish", timeout=PUBLISH_LOCK_SECONDS, blocking_timeout=10):
+        last = cast(dict[str, str], client.hgetall(PUBLISHED_KEY))  # decoded responses
+        current = last.get("format") == FORMAT
         if deployment is not None:
             # A worker that held the lock meanwhile may have published this very route.
-            known = _published_for(client, deployment.pk, mine)
+            known = _published_for(
+                last.get("format"),
+                last.get("generation"),
+                last.get(f"route:{deployment.pk}"),
+                _digest(mine_dumped),
+            )
             if known is not None:
                 return known
-        table = routes()
-        digests = {route.deployment_id: _digest(route) for route in table}
+        listed = (
+            _recorded(client, last, deployment.pk) if deployment is not None and current else None
+        )
+        texts: dict[str, str] = {}  # the routes ROUTES_KEY lacks, by digest
+        rebuilt = deployment is None or listed is None
+        if deployment is not None and listed is not None:
+            if mine is not None and mine_dumped is not None:
+                mine_digest = cast(str, _digest(mine_dumped))
+                listed[deployment.pk] = (mine_digest, mine)
+                texts[mine_digest] = mine_dumped
+        else:
+            listed = {}
+            for route in routes():
+                text = cast(str, _dump(route))
+                route_digest = cast(str, _digest(text))
+                listed[route.deployment_id] = (route_digest, route)
+                texts[route_digest] = text
+        table = [listed[pk][1] for pk in sorted(listed)]
+        digests = {pk: route_digest for pk, (route_digest, _) in listed.items()}
         digest = hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
-        last = cast(dict[str, str], client.hgetall(PUBLISHED_KEY))  # decoded responses
         record: dict[str, str] = last
-        if last.get("digest") != digest or last.get("format") != FORMAT:
+        changed = last.get("digest") != digest or not current
+        if changed:
             generation = get_launcher().set_traffic(table)
             record = {
                 "format": FORMAT,
@@ -231,25 +282,37 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
             }
             for pk, route_digest in digests.items():
                 # A route unchanged since the last table keeps the generation it had there.
-                before = last.get(f"route:{pk}", "") if last.get("format") == FORMAT else ""
+                before = last.get(f"route:{pk}", "") if current else ""
                 since = (
                     before.partition(":")[0] if before.endswith(f":{route_digest}") else generation
                 )
                 record[f"route:{pk}"] = f"{since}:{route_digest}"
+        if changed or rebuilt:
             with client.pipeline(transaction=True) as pipe:
-                pipe.delete(PUBLISHED_KEY)
-                pipe.hset(PUBLISHED_KEY, mapping=cast(dict[Any, Any], record))
+                if changed:
+                    pipe.delete(PUBLISHED_KEY)
+                    pipe.hset(PUBLISHED_KEY, mapping=cast(dict[Any, Any], record))
+                if rebuilt:  # ROUTES_KEY whole, whatever it held
+                    pipe.delete(ROUTES_KEY)
+                else:
+                    gone = _route_digests(last) - set(digests.values())
+                    if gone:
+                        pipe.hdel(ROUTES_KEY, *gone)
+                if texts:
+                    pipe.hset(ROUTES_KEY, mapping=cast(dict[Any, Any], texts))
                 pipe.execute()
+        for route_digest, route in listed.values():
+            _decoded.setdefault(route_digest, route)
     mine_now = record.get(f"route:{deployment.pk}") if deployment is not None else None
     return int((mine_now or record["generation"]).partition(":")[0])
 
 
-def _published_for(client: Any, deployment_id: int, digest: str | None) -> int | None:
-    """The generation to wait for if the last published table has the deployment's route
-    with ``digest`` (or, for None, has no route for it); None when it does not."""
-    generation, recorded, fmt = client.hmget(
-        PUBLISHED_KEY, ["generation", f"route:{deployment_id}", "format"]
-    )
+def _published_for(
+    fmt: str | None, generation: str | None, recorded: str | None, digest: str | None
+) -> int | None:
+    """The generation to wait for if the last published table (its record's ``format``,
+    ``generation`` and the deployment's ``route:`` field) has the deployment's route with
+    ``digest`` (or, for None, has no route for it); None when it does not."""
     if generation is None or fmt != FORMAT:
         return None  # nothing published yet that this module recorded: publish
     if digest is None:
@@ -261,23 +324,91 @@ def _published_for(client: Any, deployment_id: int, digest: str | None) -> int |
     return None
 
 
-def _digest(route: Route | None) -> str | None:
-    """What identifies a route's published form: its path, and per share the version set, the
-    weight and the instances with their endpoints."""
+def _recorded(
+    client: Any, last: dict[str, str], deployment_id: int
+) -> dict[int, tuple[str, Route]] | None:
+    """The routes of the table ``last`` records but the deployment's, by deployment id, each
+    with its digest; None when ROUTES_KEY lacks one (then the table is built from the
+    database, and ROUTES_KEY written again whole)."""
+    listed = {
+        int(key[6:]): value.partition(":")[2]
+        for key, value in last.items()
+        if key.startswith("route:")
+    }
+    listed.pop(deployment_id, None)
+    if len(_decoded) > DECODED_MAX:
+        _decoded.clear()
+    known = {d: _decoded[d] for d in listed.values() if d in _decoded}
+    missing = sorted(set(listed.values()) - set(known))
+    if missing:
+        for route_digest, text in zip(missing, client.hmget(ROUTES_KEY, missing), strict=True):
+            if text is None:
+                return None
+            known[route_digest] = _load(text)
+    return {pk: (route_digest, known[route_digest]) for pk, route_digest in listed.items()}
+
+
+def _route_digests(record: dict[str, str]) -> set[str]:
+    return {v.partition(":")[2] for k, v in record.items() if k.startswith("route:")}
+
+
+def _dump(route: Route | None) -> str | None:
+    """A route as ROUTES_KEY keeps it, every field of it: what its digest covers, so that a
+    route that differs in anything from the one recorded is published, and :func:`_load` gives
+    back a route equal to the one built from the database. (``dataclasses.asdict`` measured
+    20 times slower, and every step dumps its route.)"""
     if route is None:
         return None
-    canonical = json.dumps(
-        [
-            route.path,
-            [
-                [
-                    share.version_set.key,
-                    share.weight,
-                    [[i.name, i.endpoints] for i in share.instances],
-                ]
+    return json.dumps(
+        {
+            "deployment_id": route.deployment_id,
+            "path": route.path,
+            "shares": [
+                {
+                    "version_set": {
+                        **vars(share.version_set),
+                        "package_path": str(share.version_set.package_path),
+                        "weights_dir": str(share.version_set.weights_dir),
+                        "shape": vars(share.version_set.shape),
+                    },
+                    "weight": share.weight,
+                    "instances": [vars(instance) for instance in share.instances],
+                }
                 for share in route.shares
             ],
-        ],
+        },
         sort_keys=True,
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _load(text: str) -> Route:
+    data = json.loads(text)
+    return Route(
+        deployment_id=data["deployment_id"],
+        path=data["path"],
+        shares=tuple(
+            TrafficShare(
+                version_set=VersionSet(
+                    **{
+                        **share["version_set"],
+                        "package_path": Path(share["version_set"]["package_path"]),
+                        "weights_dir": Path(share["version_set"]["weights_dir"]),
+                        "shape": Shape(**share["version_set"]["shape"]),
+                    }
+                ),
+                weight=share["weight"],
+                instances=tuple(
+                    ObservedInstance(**{**instance, "health": Health(instance["health"])})
+                    for instance in share["instances"]
+                ),
+            )
+            for share in data["shares"]
+        ),
+    )
+
+
+def _digest(dumped: str | None) -> str | None:
+    """What identifies a route's published form (``dumped`` by :func:`_dump`)."""
+    if dumped is None:
+        return None
+    return hashlib.sha256(dumped.encode()).hexdigest()

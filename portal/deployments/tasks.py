@@ -6,6 +6,7 @@ next. A Redis marker keeps at most one pending task per deployment however often
 and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died, or
 whose chain Redis lost (a restart without persistence drops the queued tasks and the markers:
 a watched deployment with neither a marker nor a reconcile in progress has nobody coming).
+Beat's ``publish_routes`` rebuilds the routing table from the database now and then.
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ def redrive_deployments() -> list[int]:
     for deployment_id in orphaned:
         schedule(deployment_id)  # a marker that appeared meanwhile makes this a no-op
     return sorted({*stalled, *orphaned})
+
+
+@shared_task
+def publish_routes() -> int:
+    """Beat: publish the routing table built from the database, the backstop behind the steps
+    that publish from the recorded routes (see :mod:`.routing`). Publishes nothing when the
+    table is what was last published."""
+    from portal.deployments import routing
+
+    return routing.publish()
 
 
 @shared_task

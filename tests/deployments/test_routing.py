@@ -9,10 +9,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from portal.core.actors import Actor
-from portal.deployments import controller, routing, services
+from portal.deployments import controller, routing, services, tasks
 from portal.deployments.launchers.base import Health
-from portal.deployments.lifecycle import transition_instance
-from portal.deployments.models import Deployment
+from portal.deployments.lifecycle import transition_deployment, transition_instance
+from portal.deployments.models import Deployment, ObservedState
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import ready_version, step
 from tests.factories import make_model
@@ -89,6 +89,9 @@ def test_a_reconcile_costs_the_same_queries_at_3_and_30_deployments(world):
     assert M.generation == published + 1
     assert len(steady_at_30) == len(steady_at_3), steady_at_30
     assert len(changed_at_30) == len(changed_at_3), changed_at_30
+    # The others' routes come from the record, not the database: no query of the change's is
+    # routing's (the 8 beyond the steady step's 6 record the instance's health and reread it).
+    assert len(steady_at_3) == 6 and len(changed_at_3) == 14, "\n".join(changed_at_3)
 
 
 def test_a_steady_reconcile_publishes_nothing_and_a_change_is_published_at_once(world):
@@ -164,3 +167,101 @@ def test_a_lost_record_of_the_published_table_is_rebuilt(world, clean_redis):
     generation = routing.publish(deployment)
     assert generation == M.generation == published + 1
     assert routing.publish(deployment) == generation
+
+
+@pytest.fixture
+def full_builds(monkeypatch):
+    """How many times the whole table was built from the database."""
+    built = []
+    whole = routing.routes
+
+    def counted():
+        built.append(1)
+        return whole()
+
+    monkeypatch.setattr(routing, "routes", counted)
+    return built
+
+
+def test_the_table_published_from_the_record_is_the_one_built_from_the_database(
+    world, artifact_root, full_builds
+):
+    a, b, c = world(3)
+    published, full_builds[:] = M.generation, []  # the first publication built the table
+    M.table[ready_instance(a)][2] = Health.UNHEALTHY
+    controller.reconcile(a.pk)
+    assert M.generation == published + 1 and full_builds == []
+    assert M.routes == routing.routes()
+    services.update_deployment(
+        b, actor=USER, version=ready_version(b.model, artifact_root), stages=[50, 100]
+    )
+    for _ in range(20):
+        full_builds[:] = []
+        routing._decoded.clear()  # the others' routes decoded from Redis, not remembered
+        step(b)
+        step(a)
+        assert full_builds == []  # the steps published from the record
+        M.set_health(2, Health.READY)
+        M.finish_draining()
+        assert M.routes == routing.routes()
+        if b.observed_state == "serving" and b.target_version.number == 2:
+            break
+    assert b.observed_state == "serving" and b.target_version.number == 2
+    [route_of_b] = [r for r in M.routes if r.deployment_id == b.pk]
+    assert {share.version_set.version for share in route_of_b.shares} == {2}
+    assert M.generation >= published + 3  # b's stages and a's change, each published
+    assert [r.deployment_id for r in M.routes] == [a.pk, b.pk, c.pk]
+
+
+def test_a_deployment_that_leaves_the_live_set_leaves_the_table(world, full_builds):
+    a, b = world(2)
+    transition_deployment(a, ObservedState.RETIRED, reason="test", traffic={})
+    published, full_builds[:] = M.generation, []  # the first publication built the table
+    controller.reconcile(a.pk)
+    assert M.generation == published + 1
+    assert [r.deployment_id for r in M.routes] == [b.pk]
+    assert full_builds == []
+    assert M.routes == routing.routes()
+    assert routing.redis_client().hlen(routing.ROUTES_KEY) == 1
+
+
+@pytest.mark.parametrize("loss", ["older format", "routes lost"])
+def test_a_record_of_an_older_format_or_without_its_routes_is_rebuilt_from_the_database(
+    world, clean_redis, full_builds, monkeypatch, loss
+):
+    a, b = world(2)
+    monkeypatch.setattr(routing, "_decoded", {})  # a worker that decoded none of them yet
+    if loss == "older format":  # it recorded digests alone
+        clean_redis.hset(routing.PUBLISHED_KEY, "format", "routes-v1")
+    clean_redis.delete(routing.ROUTES_KEY)
+    published, full_builds[:] = M.generation, []
+    M.table[ready_instance(a)][2] = Health.UNHEALTHY
+    controller.reconcile(a.pk)
+    assert full_builds == [1]
+    assert M.generation == published + 1
+    assert [r.deployment_id for r in M.routes] == [a.pk, b.pk]
+    assert clean_redis.hget(routing.PUBLISHED_KEY, "format") == routing.FORMAT.encode()
+    assert clean_redis.hlen(routing.ROUTES_KEY) == 2
+    # From now on the record serves.
+    routing._decoded.clear()
+    M.table[ready_instance(b)][2] = Health.UNHEALTHY
+    controller.reconcile(b.pk)
+    assert full_builds == [1] and M.generation == published + 2
+    assert M.routes == routing.routes()
+    assert clean_redis.hlen(routing.ROUTES_KEY) == 2  # b's earlier route is gone
+
+
+def test_a_route_read_back_from_the_record_equals_the_route(world):
+    [deployment] = world(1)
+    route = routing.route_of(deployment)
+    assert route is not None and route.shares[0].instances
+    assert routing._load(routing._dump(route)) == route
+
+
+def test_beat_rebuilds_the_table_from_the_database(world):
+    a, b = world(2)
+    # A deployment's step that should have dropped its route never ran.
+    transition_deployment(a, ObservedState.RETIRED, reason="test", traffic={})
+    published = tasks.publish_routes()
+    assert published == M.generation and [r.deployment_id for r in M.routes] == [b.pk]
+    assert tasks.publish_routes() == published  # nothing changed: nothing published
