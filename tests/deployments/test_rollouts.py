@@ -152,6 +152,19 @@ def test_a_version_that_never_becomes_healthy_is_rolled_back(chat):
     settled(world, deployment, 1)
 
 
+def kill_between_requests(load: Load, world, instance) -> None:
+    """kill -9 an instance and its engine while no request is in flight (one in flight on a
+    crashed instance is lost, and no proxy may replay it), and wait until they are gone: a
+    connection the kernel queued while the process was being torn down would be reset, and
+    that request would have been in flight too."""
+    with load.quiet():
+        process = instance_processes(world.run_root)[instance.name]
+        dying = [process, *process.children(recursive=True)]
+        for each in dying:
+            each.kill()
+        psutil.wait_procs(dying, timeout=10)
+
+
 def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
     world, model, _v1, v2, deployment = chat
     services.update_deployment(deployment, actor=USER, bake_seconds=60)
@@ -162,33 +175,13 @@ def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
         )
         time.sleep(1)
         assert load.mix()["v2"] > 0
-        # A crash between requests: whatever v2 was answering finishes first (a request in
-        # flight on a crashed instance is lost; no proxy may replay it).
-        with load.quiet():
-            [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
-            process = instance_processes(world.run_root)[v2_instance.name]
-            dying = [process, *process.children(recursive=True)]
-            for each in dying:
-                each.kill()
-            # Gone for good: a connection the kernel queued while the process was being torn
-            # down would be reset, and that request would have been in flight too.
-            psutil.wait_procs(dying, timeout=10)
+        [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
+        kill_between_requests(load, world, v2_instance)
         serving(deployment, 1)
     assert load.failures() == []
     d = state(deployment)
     assert f"instance {v2_instance.name} of v2 crashed" in d.status_message
     settled(world, deployment, 1)
-
-
-def kill_between_requests(load: Load, world, instance) -> None:
-    """kill -9 an instance and its engine while no request is in flight (one in flight on it
-    would be lost, and no proxy may replay it), and wait until they are gone."""
-    with load.quiet():
-        process = instance_processes(world.run_root)[instance.name]
-        dying = [process, *process.children(recursive=True)]
-        for each in dying:
-            each.kill()
-        psutil.wait_procs(dying, timeout=10)
 
 
 def ready_again(deployment: Deployment, version, count: int, lost: str):
