@@ -23,6 +23,7 @@ from aiohttp import web
 
 from serving.gateway import table
 from serving.gateway.proxy import Gateway, make_app
+from serving.limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
 
 log = logging.getLogger("serving.gateway")
 POLL_SECONDS = 0.1
@@ -68,7 +69,7 @@ async def follow(gateway: Gateway, client: aioredis.Redis, prefix: str, gateway_
 
 
 async def run(args: argparse.Namespace) -> int:
-    gateway = Gateway()
+    gateway = Gateway(max_body_bytes=max_body_bytes(GATEWAY_MAX_BODY_ENV))
     client = aioredis.Redis.from_url(args.redis_url)
     with contextlib.suppress(table.TableError):
         raw = await client.get(f"{args.prefix}:routes")

@@ -233,3 +233,27 @@ def test_sigterm_lets_in_flight_requests_finish(client, gateway, backends):
     assert slow["answer"].status_code == 200
     assert proc.wait(timeout=10) == 0
     assert table.applied_generation(client) is None  # it said goodbye
+
+
+def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, backends):
+    proc, url = start_gateway(settings.REDIS_URL, env={"GATEWAY_MAX_BODY_BYTES": "1000"})
+    try:
+        b = backends("b")
+        publish(client, url, route("t/m", Group("v1", 100, [b])))
+        before = httpx.get(b.openai + "/v1/count").json()
+        with httpx.Client() as http:
+            at_limit = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1000)
+            assert at_limit.status_code == 200
+            declared = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1001)
+            assert declared.status_code == 413
+            error = declared.json()["error"]
+            assert error["type"] == "request_too_large" and "1000 bytes" in error["message"]
+            chunked = http.post(
+                url + "/models/t/m/v2/models/m/infer", content=iter([b"x" * 600, b"x" * 600])
+            )
+            assert chunked.status_code == 413
+            assert chunked.json()["error"]["type"] == "request_too_large"
+        after = httpx.get(b.openai + "/v1/count").json()
+        assert after["requests"] - before["requests"] == 1  # only the one at the limit
+    finally:
+        stop_process_group(proc)
