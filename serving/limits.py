@@ -45,8 +45,9 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
-class BadBody(Exception):
-    """A body refused before it is parsed: not UTF-8, or JSON nested too deep."""
+class BadBody(ValueError):
+    """A body (or JSON text inside one) refused before it is parsed: not UTF-8, or nested too
+    deep."""
 
 
 def max_body_bytes(variable: str = MAX_BODY_ENV) -> int:
@@ -83,9 +84,17 @@ def check_json_body(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> str:
     """``raw`` as text, once it is known to be UTF-8 and not nested deeper than ``max_depth``;
     :class:`BadBody` says which it is not."""
     text = check_utf8(raw, "the request body")
-    if json_depth(raw) > max_depth:
-        raise BadBody(f"the request JSON nests deeper than {max_depth} levels")
+    check_json_depth(raw, "the request JSON", max_depth=max_depth)
     return text
+
+
+def check_json_depth(raw: str | bytes, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """:class:`BadBody` naming ``what`` when the JSON text ``raw`` nests deeper than
+    ``max_depth``: for JSON carried as a string inside a request (``sampling_parameters``),
+    which the body's own check does not look into."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if json_depth(data) > max_depth:
+        raise BadBody(f"{what} nests deeper than {max_depth} levels")
 
 
 def check_utf8(raw: bytes, what: str) -> str:

@@ -17,6 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from serving.constraints.spec import ConstraintError, parse_constraint
+from serving.engine.sampling_params import parse_sampling_parameters
+from serving.engine.types import InvalidRequestError
 from serving.kserve.errors import TritonError
 from serving.kserve.http_infer import decompress, parse_infer
 from serving.limits import MAX_JSON_DEPTH, json_depth
@@ -189,6 +192,11 @@ def test_deeply_nested_json_is_a_400_on_both_surfaces(front: Frontend, engine: E
         (f"/v2/models/{MODEL_NAME}/generate", '{"text_input": ' + DEEP + "}"),
         (f"/v2/models/{MODEL_NAME}/generate_stream", '{"parameters": {"a": ' + DEEP + "}}"),
         ("/v2/repository/index", DEEP),
+        # JSON inside a string of the body: the tensor Triton's vLLM backend parses.
+        (
+            f"/v2/models/{MODEL_NAME}/generate",
+            json.dumps({"text_input": "hi", "sampling_parameters": '{"a": ' + DEEP + "}"}),
+        ),
     ):
         answer = httpx.post(kserve + path, content=content)
         assert answer.status_code == 400, path
@@ -198,6 +206,18 @@ def test_deeply_nested_json_is_a_400_on_both_surfaces(front: Frontend, engine: E
 def test_infer_bodies_are_held_to_the_same_depth() -> None:
     with pytest.raises(TritonError, match="deeper than 64"):
         parse_infer(('{"inputs": ' + DEEP + "}").encode(), None)
+
+
+def test_json_carried_in_strings_is_held_to_the_same_depth() -> None:
+    with pytest.raises(InvalidRequestError, match=r"^sampling_parameters nests deeper than 64"):
+        parse_sampling_parameters('{"a": ' + DEEP + "}")
+    # Shallower than the limit is the parser's business, as before.
+    assert parse_sampling_parameters('{"stop": ["a"], "seed": 1}').seed == 1
+    nested = json.dumps({"structured_outputs": {"json": '{"a": ' + DEEP + "}"}})
+    with pytest.raises(InvalidRequestError, match=r"^structured_outputs\.json nests deeper"):
+        parse_sampling_parameters(nested)
+    with pytest.raises(ConstraintError, match=r"^constraint nests deeper than 64"):
+        parse_constraint(DEEP)
 
 
 def test_text_that_is_not_utf8_is_a_400_on_both_surfaces(front: Frontend, engine: Engine) -> None:
