@@ -5,6 +5,7 @@ they are tokenized; deep JSON and text that is not UTF-8 are 400s, never 500s.""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from serving.constraints.spec import ConstraintError, parse_constraint
@@ -125,6 +127,31 @@ def test_kserve_refuses_oversized_bodies_in_its_error_shape(engine: Engine) -> N
     assert status == 413 and set(body) == {"error"} and str(LIMIT) in body["error"]
     status, _, body = chunked_too_large(engine.http_port, path, LIMIT + 1)
     assert status == 413 and set(body) == {"error"}
+
+
+def test_a_50_mb_body_is_answered_from_its_header_and_costs_no_memory(
+    front: Frontend, engine: Engine
+) -> None:
+    size = 50_000_000
+    for port, pid, path in (
+        (front.port, front.process.pid, "/v1/completions"),
+        (engine.http_port, engine.process.pid, f"/v2/models/{MODEL_NAME}/generate"),
+    ):
+        process = psutil.Process(pid)
+        before = process.memory_info().rss
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {size}\r\n\r\n"
+            sock.sendall(head.encode())
+            status, _, _ = _read(sock)
+            assert status == 413
+            # The server closed the connection: the rest of the body has nowhere to go.
+            with contextlib.suppress(OSError):
+                while sent < size:
+                    sock.sendall(b"x" * (1 << 20))
+                    sent += 1 << 20
+        assert sent < size
+        assert process.memory_info().rss - before < 8 * 1024 * 1024, path
 
 
 def test_kserve_refuses_a_compressed_body_that_inflates_past_the_limit() -> None:
