@@ -23,8 +23,6 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import numpy as np
-
 MAX_BODY_ENV = "SERVING_MAX_BODY_BYTES"
 GATEWAY_MAX_BODY_ENV = "GATEWAY_MAX_BODY_BYTES"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -71,6 +69,8 @@ def json_depth(raw: bytes) -> int:
     Strings are cut out first (a bracket inside one does not count); the rest is a running sum
     of openings and closings, computed in numpy so a 16 MiB body costs milliseconds. Invalid
     JSON gets some number back; the parser that runs next refuses it."""
+    import numpy as np  # here, not at the top: the gateway imports this module without it
+
     stripped = _STRING.sub(b"", raw)
     codes = np.frombuffer(stripped, dtype=np.uint8)
     brackets = codes[np.isin(codes, _OPEN + _CLOSE)]
