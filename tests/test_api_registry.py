@@ -96,6 +96,28 @@ def test_malformed_json_is_refused(client):
     assert "fields" not in error
 
 
+def test_deeply_nested_json_is_a_400_not_a_recursion_error(client):
+    body = '{"slug": "ranker", "task": "chat", "description": ' + "[" * 3000 + "]" * 3000 + "}"
+    with nothing_created():
+        response = client.post(MODELS, body, content_type="application/json")
+    error = api_error(response, 400, "malformed_request")
+    assert "deeper than 64 levels" in error["message"]
+    # Brackets inside strings are text, not nesting.
+    response = client.post(
+        MODELS, {"slug": "ranker", "task": "chat", "description": "[" * 3000}, format="json"
+    )
+    assert response.status_code == 201, response.content
+
+
+def test_oversized_json_is_a_413_before_it_is_read(client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    body = '{"slug": "ranker", "task": "chat", "description": "' + "d" * 1000 + '"}'
+    with nothing_created():
+        response = client.post(MODELS, body, content_type="application/json")
+    error = api_error(response, 413, "request_too_large")
+    assert "1000 bytes" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "field", "needle"),
     [

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -62,6 +64,16 @@ def exception_handler(exc, context):
         if exc.detail:
             body["error"]["detail"] = exc.detail
         return Response(body, status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        # Django refuses the body from its Content-Length before reading it (or once a body
+        # without one passes the limit); its own answer would be a bare 400.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body(
+                "request_too_large", f"The request body is larger than the limit of {limit} bytes."
+            ),
+            status=413,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

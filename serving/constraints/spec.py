@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+from serving.limits import BadBody, check_json_depth
+
 MAX_CHOICES = 2_000_000
 MAX_CHOICE_BYTES = 4096
 MAX_REGEX_CHARS = 4096
@@ -75,9 +77,12 @@ def parse_constraint(value: Any) -> ConstraintSpec:
     """Parse and validate a constraint from its JSON form (a mapping, or a JSON string)."""
     if isinstance(value, str | bytes):
         try:
+            check_json_depth(value, "constraint")
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"constraint is not valid JSON: {exc.msg}") from None
+        except BadBody as exc:
+            raise ConstraintError(str(exc)) from None
     return _parse(value, depth=0)
 
 

@@ -38,6 +38,7 @@ from serving.engine.types import (
     InvalidRequestError,
     TokenLogprob,
 )
+from serving.limits import max_prompt_chars
 
 logger = logging.getLogger("serving.engine")
 
@@ -173,6 +174,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.kind = loaded.config.kind
         self.max_model_len = loaded.max_model_len
+        self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)
         self.max_num_seqs = loaded.config.max_num_seqs
         self.max_logprobs = loaded.config.max_logprobs
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
@@ -304,6 +306,14 @@ class Engine:
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
+            if len(request.prompt) > self.max_prompt_chars:
+                # Refused before the tokenizer sees it: tokenizing megabytes of text costs
+                # seconds and gigabytes only to learn what its length already says.
+                raise InvalidRequestError(
+                    f"the prompt is {len(request.prompt)} characters, more than "
+                    f"{self.max_model_len} tokens can spell; this model's context is "
+                    f"{self.max_model_len} tokens"
+                )
             prompt_ids = self.tokenizer.encode(request.prompt, add_special_tokens=True)
         if not prompt_ids:
             raise InvalidRequestError("text_input is empty")

@@ -34,6 +34,7 @@ from serving.constraints.spec import (
     parse_constraint,
 )
 from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
+from serving.limits import BadBody, check_json_depth
 
 # vLLM 0.24.0 ``SamplingParams`` fields whose annotation is in the backend's ``type_mapping``
 # (``int``, ``float``, ``bool``, ``str``, ``Optional[int]``), with the type it converts them to.
@@ -115,9 +116,12 @@ def parse_sampling_parameters(raw: str | bytes | dict[str, Any] | None) -> Sampl
         return SamplingOptions()
     if isinstance(raw, str | bytes):
         try:
+            check_json_depth(raw, "sampling_parameters")
             params = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise InvalidRequestError(f"sampling_parameters is not valid JSON: {exc.msg}") from None
+        except BadBody as exc:
+            raise InvalidRequestError(str(exc)) from None
     else:
         params = raw
     if not isinstance(params, dict):
@@ -169,12 +173,15 @@ def parse_structured_outputs(value: Any) -> StructuredOutput:
     """vLLM's ``StructuredOutputsParams`` from its JSON string (Triton's encoding) or object."""
     if isinstance(value, str):
         try:
+            check_json_depth(value, "structured_outputs")
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise InvalidRequestError(
                 f"structured_outputs is not valid JSON: {exc.msg} (Triton's vLLM backend expects "
                 "a JSON-encoded string of StructuredOutputsParams)"
             ) from None
+        except BadBody as exc:
+            raise InvalidRequestError(str(exc)) from None
     if not isinstance(value, dict):
         raise InvalidRequestError("structured_outputs must be a JSON object")
     unknown = set(value) - set(STRUCTURED_KEYS) - _STRUCTURED_OPTIONS - {"whitespace_pattern"}
@@ -197,9 +204,12 @@ def parse_structured_outputs(value: Any) -> StructuredOutput:
     if kind == "json":
         if isinstance(spec, str):
             try:
+                check_json_depth(spec, "structured_outputs.json")
                 spec = json.loads(spec)
             except json.JSONDecodeError as exc:
                 raise InvalidRequestError(f"structured_outputs.json: {exc.msg}") from None
+            except BadBody as exc:
+                raise InvalidRequestError(str(exc)) from None
         if not isinstance(spec, dict):
             raise InvalidRequestError("structured_outputs.json must be a JSON schema object")
         return StructuredOutput(json_schema=spec, disable_any_whitespace=compact)

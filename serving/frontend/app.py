@@ -24,6 +24,8 @@ from serving.frontend.catalog import OpenAIModel, read_catalog
 from serving.frontend.errors import (
     OpenAIError,
     bad_request,
+    internal_error_handler,
+    limit_error_body,
     model_not_found,
     openai_error_handler,
     validation_error_handler,
@@ -35,6 +37,7 @@ from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, 
 from serving.frontend.settings import Settings
 from serving.frontend.tools import template_tool_calls, template_tools
 from serving.frontend.translate import check_embedding, check_supported, check_token_ids
+from serving.limits import BoundedBody
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,14 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="LLM serving instance (OpenAI-compatible)", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, openai_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(Exception, internal_error_handler)
+    # FastAPI parses the JSON before a handler runs: size, encoding and depth are checked first.
+    app.add_middleware(
+        BoundedBody,
+        limit=settings.max_body_bytes,
+        error_body=limit_error_body,
+        check_json=True,
+    )
     add_metrics(app, settings.kserve_metrics, settings.multiproc_dir)
 
     @app.get("/health/live")
@@ -125,6 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
             prompt = await asyncio.to_thread(entry.chat_prompt, messages, tools)
         except Exception as exc:  # the template's own error (e.g. role order) is the caller's
             raise bad_request(f"the chat template refused messages: {exc}", "messages") from None
+        entry.check_prompt_length(prompt, "messages")
         generation = Generation(
             request,
             entry.name,
@@ -140,6 +152,11 @@ def create_app(settings: Settings) -> FastAPI:
         check_supported(request)
         check_token_ids(request, entry.vocab_size)
         prompts = completion_prompts(request)
+        if isinstance(request.prompt, str) or (
+            request.prompt and isinstance(request.prompt[0], str)
+        ):
+            for prompt in prompts:
+                entry.check_prompt_length(prompt, "prompt")
         generation = Generation(request, entry.name, prompts, settings.default_max_tokens)
         return await run(generation)
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serving.frontend.errors import bad_request
 from serving.frontend.tool_parsers import parser_name
+from serving.limits import max_prompt_chars
 from serving.package import CONFIG_FILE, ENGINE_ARGS_FILE, TOOL_CALL_PARSER
 from serving.repository import BACKEND, ModelEntry, RepositoryError, read_repository
 
@@ -40,12 +42,31 @@ class OpenAIModel:
     # The width of the model's logits (its config.json ``vocab_size``, what vLLM checks token ids
     # against); None when the weights' config cannot be read here.
     vocab_size: int | None = None
+    # The most tokens the engine can take in a prompt (its ``max_model_len``, or what vLLM would
+    # derive from the weights' config, at its most generous); None when neither says.
+    max_model_len: int | None = None
     tokenizer: Any = field(default=None, repr=False)
+    # Prompts longer than this many characters cannot fit max_model_len (set with the tokenizer).
+    max_prompt_chars: int | None = None
 
     def chat_prompt_ready(self) -> None:
         """Load the tokenizer now (start-up) rather than on the first chat request."""
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.tokenizer_path)
+            if self.max_model_len is not None:
+                self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)
+
+    def check_prompt_length(self, prompt: str, param: str) -> None:
+        """Refuse a prompt whose length alone shows it cannot fit the model's context, before
+        the engine tokenizes it (a 50 MB prompt cost the engine gigabytes and minutes to learn
+        that). Prompts that might fit go on to the engine's exact check."""
+        if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
+            raise bad_request(
+                f"the prompt is {len(prompt)} characters, more than {self.max_model_len} tokens "
+                f"can spell; this model's context is {self.max_model_len} tokens",
+                param,
+                code="context_length_exceeded",
+            )
 
     def chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -92,7 +113,44 @@ def openai_model(entry: ModelEntry) -> OpenAIModel:
         created=int(engine_args.stat().st_mtime or time.time()),
         tool_call_parser=_tool_call_parser(entry),
         vocab_size=_vocab_size(entry.version_dir / args["model"]),
+        max_model_len=_max_model_len(args, entry.version_dir / args["model"]),
     )
+
+
+# Where Hugging Face configs keep the context length (vLLM's _get_and_verify_max_len reads these).
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+    "model_max_length",
+)
+
+
+def _max_model_len(args: dict[str, Any], weights: Path) -> int | None:
+    """The engine argument ``max_model_len`` when set; else the largest length the weights'
+    config names, times a RoPE scaling factor: never less than the context vLLM derives, so the
+    bound built on it refuses no prompt the engine would take."""
+    value = args.get("max_model_len")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    try:
+        config = json.loads((weights / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    lengths = []
+    for source in (config, config.get("text_config") or {}):
+        if not isinstance(source, dict):
+            continue
+        lengths += [source[k] for k in _LENGTH_KEYS if isinstance(source.get(k), int)]
+        scaling = source.get("rope_scaling")
+        if isinstance(scaling, dict) and isinstance(scaling.get("factor"), int | float):
+            lengths = [int(n * max(1.0, float(scaling["factor"]))) for n in lengths]
+    positive = [n for n in lengths if n > 0]
+    return max(positive) if positive else None
 
 
 def _vocab_size(weights: Path) -> int | None:

@@ -6,6 +6,7 @@ client's ``BadRequestError.body``) expect it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Request
@@ -74,6 +75,20 @@ def _param(loc: tuple[Any, ...]) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or "body"
+
+
+def limit_error_body(status: int, message: str) -> bytes:
+    """The body :class:`serving.limits.BoundedBody` answers with: too large (413) or not
+    parseable at all (400: not UTF-8, nested too deep)."""
+    code = "request_too_large" if status == 413 else "invalid_request_body"
+    return json.dumps(OpenAIError(status, message, code=code).body()).encode()
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A bug answers in the API's shape and says nothing of the code: the traceback goes to the
+    log (uvicorn logs it as the exception leaves the app), never to the caller."""
+    error = OpenAIError(500, "internal server error", type="server_error", code="internal_error")
+    return JSONResponse(error.body(), status_code=500)
 
 
 async def openai_error_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -26,7 +26,7 @@ import httpx
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from serving.frontend.errors import OpenAIError, engine_unavailable
+from serving.frontend.errors import OpenAIError, bad_request, engine_unavailable
 from serving.frontend.translate import EnginePayload
 
 # The channel options tritonclient's InferenceServerClient sets by default (message sizes up to
@@ -234,7 +234,11 @@ def _add_bool(request: pb.ModelInferRequest, name: str, value: bool) -> None:
 def _generate_request(model: str, call: GenerateCall, stream: bool) -> pb.ModelInferRequest:
     payload = call.payload
     request = pb.ModelInferRequest(model_name=model, id=call.request_id)
-    _add_bytes(request, "text_input", call.prompt.encode())
+    try:
+        prompt = call.prompt.encode()
+    except UnicodeEncodeError:  # a lone surrogate, which JSON's \u escapes can spell
+        raise bad_request("the prompt is not valid UTF-8 text", None) from None
+    _add_bytes(request, "text_input", prompt)
     _add_bool(request, "stream", stream)
     _add_bytes(request, "sampling_parameters", payload.sampling_parameters.encode())
     _add_bool(request, "exclude_input_in_output", payload.exclude_input_in_output)

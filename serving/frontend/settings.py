@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from serving.limits import max_body_bytes
 
 
 @dataclass(frozen=True)
@@ -20,3 +22,5 @@ class Settings:
     multiproc_dir: Path | None = None
     # Tool-call format under tool_choice auto for models whose config.pbtxt names none.
     tool_call_parser: str = "hermes"
+    # Request bodies over this many bytes are refused with 413 ($SERVING_MAX_BODY_BYTES).
+    max_body_bytes: int = field(default_factory=max_body_bytes)

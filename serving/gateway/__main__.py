@@ -32,6 +32,7 @@ from aiohttp import web
 
 from serving.gateway import table
 from serving.gateway.supervisor import supervise
+from serving.limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
 
 if TYPE_CHECKING:
     from serving.gateway.proxy import Gateway
@@ -127,7 +128,7 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
     # chose the metrics directory (serving.gateway.supervisor).
     from serving.gateway.proxy import Gateway, make_app
 
-    gateway = Gateway()
+    gateway = Gateway(max_body_bytes=max_body_bytes(GATEWAY_MAX_BODY_ENV))
     client = aioredis.Redis.from_url(args.redis_url)
     table_file = Path(args.table_file) if args.table_file else None
     raw = await first_table(client, args.prefix, table_file)

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
 from serving.gateway.table import Backend, Group, RouteEntry
+from serving.limits import DEFAULT_MAX_BODY_BYTES
 
 #: Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp sets.
 HOP_BY_HOP = frozenset(
@@ -133,7 +134,9 @@ class Metrics:
 class Gateway:
     """The routing table in use and the handler that applies it."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        #: Bodies over this are answered 413 and never forwarded.
+        self.max_body_bytes = max_body_bytes
         self.generation = 0
         self.routes: dict[str, RouteState] = {}
         self.metrics = Metrics()
@@ -200,7 +203,15 @@ class Gateway:
         if not candidates:
             return self._error(path, 503, f"no ready instance for route {path}", "unavailable")
         self.seen[path] = time.time()
-        body = await request.read()
+        too_large = (
+            f"the request body is larger than the gateway's limit of {self.max_body_bytes} bytes"
+        )
+        if (request.content_length or 0) > self.max_body_bytes:
+            return self._error(path, 413, too_large, "request_too_large")
+        try:
+            body = await request.read()  # aiohttp stops at client_max_size (chunked bodies)
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(path, 413, too_large, "request_too_large")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         self.metrics.in_flight.inc()
         try:
@@ -294,7 +305,7 @@ def split_path(tail: str) -> tuple[str, str]:
 
 
 def make_app(gateway: Gateway) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=gateway.max_body_bytes)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/metrics", gateway.metrics_page)
     app.router.add_route("*", "/models/{tail:.+}", gateway.proxy)

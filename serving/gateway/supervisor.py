@@ -97,6 +97,11 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
             if process.is_alive() or stopping:
                 continue
             multiprocess.mark_process_dead(process.pid)  # its gauges leave the live sums
+            if process.exitcode == 0:
+                # A worker exits 0 only after a SIGTERM: one sent to the whole process group
+                # (a service manager stopping us) that reached it before this process.
+                on_signal(signal.SIGTERM, None)
+                break
             lived = time.monotonic() - started_at[slot]
             quick_deaths[slot] = quick_deaths[slot] + 1 if lived < QUICK_DEATH_SECONDS else 0
             delay = min(BACKOFF_MAX_SECONDS, 2.0 ** quick_deaths[slot] - 1)

@@ -51,6 +51,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import Delta, InvalidRequestError, SamplingOptions
 from serving.kserve.errors import invalid
+from serving.limits import BadBody, check_json_depth
 
 BACKEND = "vllm"
 BACKEND_ERROR_PREFIX = "Error generating stream: "
@@ -228,9 +229,12 @@ def parse_embed(tensors: dict[str, Tensor]) -> EmbedCall:
     """``EmbedRequest._get_input_tensors``; raises :class:`InvalidRequestError`."""
     raw = _text(_scalar(tensors, "embedding_request"), "embedding_request")
     try:
+        check_json_depth(raw, "embedding_request")
         body = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"embedding_request is not valid JSON: {exc.msg}") from None
+    except BadBody as exc:
+        raise InvalidRequestError(str(exc)) from None
     if not isinstance(body, dict) or "input" not in body:
         raise InvalidRequestError("embedding_request must be a JSON object with an 'input'")
     unknown = sorted(set(body) - {"input", "pooling_params"})

@@ -21,6 +21,9 @@ class Code(enum.Enum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    # Not one of Triton's codes: a request over the server's size limit (HTTP 413; gRPC's own
+    # message size limit answers RESOURCE_EXHAUSTED, as here).
+    TOO_LARGE = "TOO_LARGE"
 
 
 _GRPC = {
@@ -32,12 +35,14 @@ _GRPC = {
     Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
     Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     Code.CANCELLED: grpc.StatusCode.CANCELLED,
+    Code.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 _HTTP = {
     Code.INTERNAL: 500,
     Code.NOT_FOUND: 404,
     Code.UNAVAILABLE: 503,
     Code.UNSUPPORTED: 501,
+    Code.TOO_LARGE: 413,
 }
 
 

@@ -16,7 +16,6 @@ list), else as JSON ``data``; with any binary output the response carries
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import zlib
@@ -27,8 +26,9 @@ import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
 from serving.kserve.contract import Tensor
-from serving.kserve.errors import invalid
+from serving.kserve.errors import Code, TritonError, invalid
 from serving.kserve.grpc_codec import NUMPY_TYPES, decode_raw
+from serving.limits import BadBody, BodyTooLarge, check_json_body
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -47,17 +47,28 @@ class InferCall:
     binary_default: bool = False
 
 
-def decompress(body: bytes, encoding: str | None) -> bytes:
+def decompress(body: bytes, encoding: str | None, limit: int | None = None) -> bytes:
+    """The body as sent before compression; with ``limit``, a body that inflates past it is
+    refused (413) once that many bytes are out, so a small compressed body cannot make the
+    server hold more than an uncompressed one could."""
     if not encoding or encoding == "identity":
         return body
+    if encoding not in ("gzip", "deflate"):
+        raise invalid(f"unsupported Content-Encoding '{encoding}': only gzip and deflate are")
+    # wbits: 16 + MAX_WBITS reads the gzip container, MAX_WBITS the zlib one (gzip.decompress
+    # and zlib.decompress respectively).
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    cap = 0 if limit is None else limit + 1
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error) as exc:
+        out = inflater.decompress(body, cap)
+        if limit is not None and (len(out) > limit or inflater.unconsumed_tail):
+            raise TritonError(Code.TOO_LARGE, str(BodyTooLarge(limit)) + " once decompressed")
+        if not inflater.eof:
+            raise invalid(f"failed to decompress the request body ({encoding}): truncated")
+    except zlib.error as exc:
         raise invalid(f"failed to decompress the request body ({encoding}): {exc}") from None
-    raise invalid(f"unsupported Content-Encoding '{encoding}': only gzip and deflate are")
+    return out
 
 
 def _flatten(value: Any) -> list[Any]:
@@ -111,6 +122,19 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def load_json(raw: bytes) -> Any:
+    """A request's JSON, refused (INVALID_ARG) when it is not UTF-8, nests deeper than
+    :data:`serving.limits.MAX_JSON_DEPTH` or does not parse."""
+    try:
+        text = check_json_body(raw)
+    except BadBody as exc:
+        raise invalid(str(exc)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"failed to parse the request JSON buffer: {exc.msg}") from None
+
+
 def parse_infer(body: bytes, header_length: str | None) -> InferCall:
     """Decode an ``/infer`` body; INVALID_ARG naming the field or tensor when it is wrong."""
     if header_length is not None:
@@ -123,11 +147,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferCall:
         header, binary = body[:length], body[length:]
     else:
         header, binary = body, b""
-    try:
-        request = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid(f"failed to parse the request JSON buffer: {exc}") from None
-    request = _object(request, "the request")
+    request = _object(load_json(header), "the request")
     inputs = request.get("inputs")
     if not isinstance(inputs, list):
         raise invalid("the request must have an 'inputs' array")

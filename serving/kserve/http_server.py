@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from serving import limits
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
 from serving.kserve.grpc_codec import NUMPY_TYPES
@@ -42,9 +44,16 @@ from serving.kserve.grpc_server import (
     SERVER_VERSION,
     refuse_load_overrides,
 )
-from serving.kserve.http_infer import HEADER_LENGTH, decompress, infer_response, parse_infer
+from serving.kserve.http_infer import (
+    HEADER_LENGTH,
+    decompress,
+    infer_response,
+    load_json,
+    parse_infer,
+)
 from serving.kserve.service import InferenceService, ServedModel
 from serving.kserve.triton_metrics import Duration, ModelStats
+from serving.limits import BoundedBody
 
 HTTP_DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
 _GENERATE_ONE = (
@@ -89,7 +98,11 @@ def _json_tensor(model: ServedModel, name: str, value: Any) -> Tensor:
     if spec.datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
             raise invalid(f"input '{name}' expects a string (or a list of strings)")
-        data = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+        try:
+            encoded = [v.encode("utf-8") for v in values]
+        except UnicodeEncodeError:  # a lone surrogate, which JSON's \u escapes can spell
+            raise invalid(f"input '{name}' is not valid UTF-8 text") from None
+        data = np.array(encoded, dtype=np.object_)
     elif spec.datatype == "BOOL":
         if not all(isinstance(v, bool) for v in values):
             raise invalid(f"input '{name}' expects a JSON boolean")
@@ -158,7 +171,21 @@ def _response_json(model: ServedModel, request_id: str, outputs: list[Tensor]) -
     return body
 
 
-def build_app(service: InferenceService) -> Starlette:
+def _limit_error(status: int, message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug answers in Triton's shape and says nothing of the code: the traceback goes to the
+    log (uvicorn logs the exception as it leaves the app), never to the caller."""
+    return JSONResponse({"error": "internal server error"}, status_code=500)
+
+
+def build_app(service: InferenceService, max_body_bytes: int | None = None) -> Starlette:
+    """The KServe v2 HTTP app; bodies over ``max_body_bytes`` (default
+    ``$SERVING_MAX_BODY_BYTES``) are refused with 413, compressed ones once inflated past it."""
+    body_limit = limits.max_body_bytes() if max_body_bytes is None else max_body_bytes
+
     async def server_metadata(request: Request) -> Response:
         return JSONResponse(
             {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
@@ -213,7 +240,9 @@ def build_app(service: InferenceService) -> Starlette:
             model = model_of(request)
             if model.decoupled:
                 raise TritonError(Code.UNSUPPORTED, HTTP_DECOUPLED_MESSAGE)
-            body = decompress(await request.body(), request.headers.get("content-encoding"))
+            body = decompress(
+                await request.body(), request.headers.get("content-encoding"), body_limit
+            )
             call = parse_infer(body, request.headers.get(HEADER_LENGTH))
             last = await service.infer_unary(
                 model,
@@ -237,10 +266,7 @@ def build_app(service: InferenceService) -> Starlette:
     async def parse(request: Request) -> tuple[ServedModel, dict[str, Tensor], dict[str, Any], str]:
         model = model_of(request)
         raw = await request.body()
-        try:
-            body = json.loads(raw) if raw else None
-        except json.JSONDecodeError as exc:
-            raise invalid(f"failed to parse the request JSON buffer: {exc.msg}") from None
+        body = load_json(raw) if raw else None
         tensors, parameters, request_id = _generate_request(model, body)
         return model, tensors, parameters, request_id
 
@@ -297,10 +323,7 @@ def build_app(service: InferenceService) -> Starlette:
 
     async def json_body(request: Request) -> Any:
         raw = await request.body()
-        try:
-            return json.loads(raw) if raw else {}
-        except json.JSONDecodeError as exc:
-            raise invalid(f"failed to parse the request JSON buffer: {exc.msg}") from None
+        return load_json(raw) if raw else {}
 
     async def repository_index(request: Request) -> Response:
         try:
@@ -359,4 +382,8 @@ def build_app(service: InferenceService) -> Starlette:
         Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
         *model_routes,
     ]
-    return Starlette(routes=routes)
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(BoundedBody, limit=body_limit, error_body=_limit_error)],
+        exception_handlers={Exception: _internal_error},
+    )

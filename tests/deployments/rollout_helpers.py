@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -39,7 +40,9 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2, explai
         time.sleep(interval)
 
 
-def start_gateway(redis_url: str, *options: str) -> tuple[subprocess.Popen, str]:
+def start_gateway(
+    redis_url: str, *options: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -59,6 +62,7 @@ def start_gateway(redis_url: str, *options: str) -> tuple[subprocess.Popen, str]
         text=True,
         start_new_session=True,
         preexec_fn=die_with_pytest,
+        env=None if env is None else os.environ | env,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -67,8 +67,10 @@ def backends():
 
 
 def publish(client, url: str, *routes: RouteEntry) -> int:
+    """Publish, and wait until every gateway process has the table (as the controller does: a
+    process's /healthz speaks only for itself)."""
     generation = table.publish(client, list(routes))
-    wait_for(lambda: httpx.get(url + "/healthz").json()["generation"] >= generation, 10, "table")
+    wait_for(lambda: (table.applied_generation(client) or 0) >= generation, 10, "table")
     return generation
 
 
@@ -217,7 +219,7 @@ def test_a_table_written_after_its_number_was_taken_is_still_applied(client, gat
         "routes": [dataclasses.asdict(route("t/m", Group("v1", 100, [good])))],
     }
     client.set("gateway:routes", json.dumps(document))
-    wait_for(lambda: httpx.get(url + "/healthz").json()["generation"] >= number, 10, "table")
+    wait_for(lambda: (table.applied_generation(client) or 0) >= number, 10, "table")
     assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
 
 
@@ -307,3 +309,27 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
             stop_process_group(second)
     finally:
         stop_process_group(first)
+
+
+def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, backends):
+    proc, url = start_gateway(settings.REDIS_URL, env={"GATEWAY_MAX_BODY_BYTES": "1000"})
+    try:
+        b = backends("b")
+        publish(client, url, route("t/m", Group("v1", 100, [b])))
+        before = httpx.get(b.openai + "/v1/count").json()
+        with httpx.Client() as http:
+            at_limit = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1000)
+            assert at_limit.status_code == 200
+            declared = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1001)
+            assert declared.status_code == 413
+            error = declared.json()["error"]
+            assert error["type"] == "request_too_large" and "1000 bytes" in error["message"]
+            chunked = http.post(
+                url + "/models/t/m/v2/models/m/infer", content=iter([b"x" * 600, b"x" * 600])
+            )
+            assert chunked.status_code == 413
+            assert chunked.json()["error"]["type"] == "request_too_large"
+        after = httpx.get(b.openai + "/v1/count").json()
+        assert after["requests"] - before["requests"] == 1  # only the one at the limit
+    finally:
+        stop_process_group(proc)

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 180.0
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ) | (extra or {})
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -60,7 +60,7 @@ class Engine:
 
 
 @contextmanager
-def kserve_engine(repository: Path) -> Iterator[Engine]:
+def kserve_engine(repository: Path, env: dict[str, str] | None = None) -> Iterator[Engine]:
     """``python -m serving.kserve`` on free ports, once it printed ``KSERVE READY``."""
     http, grpc_, metrics = free_port(), free_port(), free_port()
     command = [sys.executable, "-m", "serving.kserve", "--model-repository", str(repository)]
@@ -74,7 +74,7 @@ def kserve_engine(repository: Path) -> Iterator[Engine]:
     process = subprocess.Popen(
         command,
         cwd=ROOT,
-        env=_env(),
+        env=_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -112,13 +112,17 @@ class Frontend:
 
 @contextmanager
 def frontend(
-    repository: Path, engine_args: list[str], *extra: str, wait_ready: bool = True
+    repository: Path,
+    engine_args: list[str],
+    *extra: str,
+    wait_ready: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Frontend]:
     """``python -m serving.frontend`` on a free port, once it answers (ready, if asked)."""
     port = free_port()
     command = [sys.executable, "-m", "serving.frontend", "--model-repository", str(repository)]
     command += [*engine_args, "--host", "127.0.0.1", "--port", str(port), *extra]
-    process = subprocess.Popen(command, cwd=ROOT, env=_env(), text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env=_env(env), text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT
