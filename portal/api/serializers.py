@@ -48,6 +48,19 @@ class StrictInput(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (never null, a list or a scalar), as the schema declares it."""
+
+    default_error_messages = {"not_an_object": "Must be a JSON object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            self.fail("not_an_object")
+        return value
+
+
 class NoOverridesInput(StrictInput):
     """Gives attempts to pin the vLLM version or image their own message, before anything else."""
 
@@ -265,8 +278,8 @@ class VersionCreateIn(NoOverridesInput):
     model = serializers.IntegerField(min_value=1)
     artifact_uri = serializers.CharField(max_length=1024)
     backend = serializers.ChoiceField(choices=Backend.choices, default=Backend.VLLM)
-    engine_args = serializers.JSONField(required=False, default=dict)
-    io_spec = serializers.JSONField(required=False, default=dict)
+    engine_args = JSONObjectField(required=False, default=dict)
+    io_spec = JSONObjectField(required=False, default=dict)
     api_surface = serializers.ChoiceField(
         choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
     )
@@ -286,8 +299,8 @@ class VersionCreateIn(NoOverridesInput):
 
 class VersionUpdateIn(NoOverridesInput):
     artifact_uri = serializers.CharField(max_length=1024, required=False)
-    engine_args = serializers.JSONField(required=False)
-    io_spec = serializers.JSONField(required=False)
+    engine_args = JSONObjectField(required=False)
+    io_spec = JSONObjectField(required=False)
     api_surface = serializers.ChoiceField(choices=ApiSurface.choices, required=False)
     constraint_plugins = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, max_length=20
@@ -302,6 +315,7 @@ def _stages_field(**kwargs: Any) -> serializers.ListField:
             min_value=limits.STAGE_PERCENT.min, max_value=limits.STAGE_PERCENT.max
         ),
         required=False,
+        min_length=1,
         max_length=limits.MAX_STAGES,
         **kwargs,
     )
@@ -378,6 +392,26 @@ class AdviceOut(serializers.Serializer):
 
 class ActionIn(StrictInput):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+# --- Errors ------------------------------------------------------------------------------------
+
+
+class ErrorDetailOut(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable, machine-readable: invalid, not_found, ...")
+    message = serializers.CharField(help_text="For people; the first field's problem if any.")
+    fields = serializers.DictField(  # type: ignore[assignment]  # the error body's key
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="The input fields at fault (``field.sub`` or ``field[0]``) and their problems.",
+    )
+    detail = serializers.DictField(required=False, help_text="Facts about the refusal.")
+
+
+class ErrorOut(serializers.Serializer):
+    """Every failed call's body (see ``portal.api.errors``)."""
+
+    error = ErrorDetailOut()
 
 
 # --- Metrics ------------------------------------------------------------------------------------
