@@ -157,6 +157,10 @@ def test_every_operation_declares_its_errors_with_the_error_body(schema):
             expected.add("404")  # no such object, or no such page of a list
         if "requestBody" in operation:
             expected |= {"400", "413"}
+        if operation.get("parameters", []) and any(
+            p["in"] != "path" for p in operation["parameters"]
+        ):
+            expected.add("400")
         if (method, path) in CONFLICTS:
             expected.add("409")
         assert expected <= errors, (method, path, errors)
@@ -209,6 +213,35 @@ def test_the_server_refuses_what_the_schema_refuses(api, member_token, version, 
     assert api_error(response, 400, "invalid")["fields"].keys() == {"stages"}
     response = client.post("/api/v1/deployments/", {**body, "replica": 3}, format="json")
     assert api_error(response, 400, "invalid")["fields"].keys() == {"replica"}
+    # Values of the wrong JSON type are refused, not converted.
+    wrong_types = {"model": str(model.pk), "replicas": 2.0, "allow_io_change": "yes"}
+    response = client.post("/api/v1/deployments/", {**body, **wrong_types}, format="json")
+    assert api_error(response, 400, "invalid")["fields"] == {
+        "model": ["A valid integer is required."],
+        "replicas": ["A valid integer is required."],
+        "allow_io_change": ["Must be a valid boolean."],
+    }
+    response = client.patch(f"/api/v1/models/{model.pk}/", {"description": 0}, format="json")
+    assert api_error(response, 400, "invalid")["fields"] == {"description": ["Not a valid string."]}
+    response = client.post("/api/v1/deployments/", {**body, "stages": ["50", 100]}, format="json")
+    assert api_error(response, 400, "invalid")["fields"] == {
+        "stages": ["A valid integer is required."]
+    }
+    for page_size in ("AAA", "0.5", "0", "true"):
+        response = client.get(f"/api/v1/teams/?page_size={page_size}")
+        assert api_error(response, 400, "invalid")["fields"].keys() == {"page_size"}
+    assert client.get("/api/v1/teams/?page_size=500").status_code == 200  # capped at 200
+    response = client.patch(
+        f"/api/v1/models/{model.pk}/", {"description": "\r" * 5001}, format="json"
+    )
+    assert api_error(response, 400, "invalid")["fields"] == {
+        "description": ["Ensure this field has no more than 5000 characters."]
+    }
+    queries = ("versions/?number=0.5", "events/?since=", "releases/?is_default=2")
+    for query in (*queries, "releases/?is_default=null"):
+        response = client.get(f"/api/v1/{query}")
+        field = query.split("?")[1].split("=")[0]
+        assert api_error(response, 400, "invalid")["fields"].keys() == {field}, query
 
 
 def test_version_events_answer_the_declared_plain_list(schema, api, member_token, version):

@@ -28,6 +28,8 @@ CHECKS = (
     "status_code_conformance",
     "content_type_conformance",
     "response_schema_conformance",
+    # And the other way round: what the schema says is invalid, the server refuses.
+    "negative_data_rejection",
 )
 
 

@@ -13,9 +13,6 @@ from portal.api import serializers as s
 
 API_PREFIX = "/api/v1/"
 ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
-#: Query parameters every list has, none of which is answered with a 400 (an unknown ordering
-#: is ignored, a page past the end is a 404).
-LIST_PARAMETERS = {"page", "page_size", "ordering"}
 
 
 def error(description: str) -> OpenApiResponse:
@@ -39,14 +36,15 @@ def _errors(method: str, operation: dict[str, Any]) -> dict[str, str]:
     parameters = operation.get("parameters", [])
     in_path = any(p["in"] == "path" for p in parameters)
     validated = {p["name"] for p in parameters if p["in"] in ("query", "header")}
+    listed = "page" in validated
     errors = {"401": "No credentials, or a token that is unknown, revoked or expired."}
-    if "requestBody" in operation or validated - LIST_PARAMETERS:
+    if "requestBody" in operation or validated:
         errors["400"] = "The input is invalid (``fields`` names each field at fault)."
     if "requestBody" in operation:
         errors["413"] = "The request body is larger than the portal accepts."
     if method != "get":
         errors["403"] = "Your role in the team is viewer (or a signed-in session lacks CSRF)."
-    if in_path or "page" in validated:
+    if in_path or listed:
         errors["404"] = (
             "No such object among your teams' (or no such page)." if in_path else "No such page."
         )

@@ -31,9 +31,37 @@ from portal.registry.models import (
 )
 from portal.registry.validation import find_version_overrides, override_message
 
+#: The JSON type each kind of field takes. DRF would coerce ``0`` into ``"0"`` or ``"5"`` into
+#: 5; the schema promises a string or a number, and a caller who sends the other kind has a bug.
+_JSON_TYPES: tuple[tuple[type[serializers.Field], tuple[type, ...]], ...] = (
+    (serializers.BooleanField, (bool,)),
+    (serializers.CharField, (str,)),
+    (serializers.IntegerField, (int,)),
+    (serializers.FloatField, (int, float)),
+)
+
+
+def _json_type_error(field: serializers.Field, value: Any) -> str | None:
+    if value is None:  # each field's allow_null decides
+        return None
+    if isinstance(field, serializers.ListField):
+        items = value if isinstance(value, list) else []
+        return next(filter(None, (_json_type_error(field.child, item) for item in items)), None)
+    for kind, types in _JSON_TYPES:
+        if isinstance(field, kind):
+            fits = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+            if not fits:
+                return str(field.error_messages["invalid"])
+    # As sent, before whitespace is trimmed: the schema's maxLength is of the JSON string.
+    limit = getattr(field, "max_length", None)
+    if isinstance(field, serializers.CharField) and limit is not None and len(value) > limit:
+        return str(field.error_messages["max_length"]).format(max_length=limit)
+    return None
+
 
 class StrictInput(serializers.Serializer):
-    """Refuses fields it does not know, so a typo is an error instead of being silently dropped."""
+    """Refuses fields it does not know, so a typo is an error instead of being silently dropped,
+    and values of another JSON type than the field's, instead of converting them."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -45,6 +73,13 @@ class StrictInput(serializers.Serializer):
                         for name in unknown
                     }
                 )
+            wrong = {
+                name: [message]
+                for name, value in data.items()
+                if (message := _json_type_error(self.fields[name], value))
+            }
+            if wrong:
+                raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
 
 

@@ -121,7 +121,7 @@ class ReleaseViewSet(viewsets.ReadOnlyModelViewSet):
 
     queryset = PlatformRelease.objects.all()
     serializer_class = s.ReleaseOut
-    filterset_fields = ["is_default"]
+    filterset_class = filters.ReleaseFilter
 
 
 class InstanceTypeViewSet(viewsets.ReadOnlyModelViewSet):
