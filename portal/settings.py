@@ -146,9 +146,33 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
+# Production serves over HTTPS (usually behind a TLS-terminating proxy); DEBUG, or
+# SECURE_COOKIES=0 (docker/compose.yaml on plain http://127.0.0.1), turns every default below
+# off at once, and each variable can still be set on its own.
+HTTPS = not DEBUG and env_bool("SECURE_COOKIES", default=True)
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = not DEBUG and env_bool("SECURE_COOKIES", default=True)
+SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=HTTPS)
+#: Probes and the metrics scraper reach these over plain HTTP inside the cluster; a redirect
+#: to https:// would fail them (patterns match the path without its leading slash).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$", r"^metrics$"]
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", str(31536000 if HTTPS else 0)))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+#: Off unless asked: the preload list is a commitment of the whole registered domain, which the
+#: owner of that domain makes, not the portal on one of its subdomains.
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
+#: The header through which the TLS-terminating proxy says the client used HTTPS; without it,
+#: SECURE_SSL_REDIRECT behind such a proxy would redirect forever. Blank: no proxy is trusted.
+_proxy_ssl_header = os.environ.get("SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto" if HTTPS else "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.strip().upper().replace("-", "_"), "https")
+    if _proxy_ssl_header.strip()
+    else None
+)
+# The deploy check's advice to set SECURE_HSTS_PRELOAD (see above) is a decision left to the
+# domain's owner.
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # --- Platform -------------------------------------------------------------------------------
 
@@ -304,7 +328,7 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -314,6 +338,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.declare_errors",
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

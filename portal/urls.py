@@ -5,6 +5,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from portal.core import views as core_views
 from portal.metrics import views as metrics_views
 
+handler400 = "portal.api.errors.bad_request"
+handler404 = "portal.api.errors.not_found"
+
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("livez", core_views.livez, name="livez"),

@@ -41,6 +41,10 @@ def pytest_configure(config):
     from portal.celery import app
 
     app.conf.task_default_queue = queue
+    # Tests speak plain HTTP, to the test client and to the processes they start, with DEBUG
+    # off; the production default would redirect every request to https://.
+    os.environ["SECURE_SSL_REDIRECT"] = "0"
+    settings.SECURE_SSL_REDIRECT = False
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from django.test import Client
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PRINT_SETTINGS = (
@@ -91,3 +94,96 @@ def test_the_embedded_sqlite_waits_for_the_write_lock_instead_of_failing(tmp_pat
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["IMMEDIATE|20", "wal"]
+
+
+PRINT_HTTPS_SETTINGS = (
+    "import django; django.setup(); from django.conf import settings as s; "
+    "print(s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_HSTS_INCLUDE_SUBDOMAINS, "
+    "s.SECURE_HSTS_PRELOAD, s.SECURE_PROXY_SSL_HEADER, s.SESSION_COOKIE_SECURE, sep='|')"
+)
+PRODUCTION = {"SECRET_KEY": "x" * 20 + "-production-like-key-of-fifty-chars-or-more"}
+
+
+def https_settings(tmp_path: Path, **env: str) -> list[str]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SECURE_") and k not in {"DATABASE_URL", "DEBUG", "SECRET_KEY"}
+    }
+    base.update(
+        DJANGO_SETTINGS_MODULE="portal.settings", PORTAL_VAR_DIR=str(tmp_path / "var"), **env
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", PRINT_HTTPS_SETTINGS],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split("|")
+
+
+def test_https_is_enforced_by_default_when_debug_is_off(tmp_path):
+    assert https_settings(tmp_path, **PRODUCTION) == [
+        "True", "31536000", "True", "False", "('HTTP_X_FORWARDED_PROTO', 'https')", "True",
+    ]  # fmt: skip
+
+
+def test_plain_http_setups_turn_https_off(tmp_path):
+    """./dev run sets DEBUG=1, docker/compose.yaml SECURE_COOKIES=0: both serve plain HTTP on
+    127.0.0.1, where a redirect to https:// or an HSTS header would lock the browser out."""
+    off = ["False", "0", "False", "False", "None", "False"]
+    assert https_settings(tmp_path, DEBUG="1") == off
+    assert https_settings(tmp_path, SECURE_COOKIES="0", **PRODUCTION) == off
+
+
+def test_each_https_setting_has_its_own_variable(tmp_path):
+    assert https_settings(
+        tmp_path,
+        SECURE_SSL_REDIRECT="0",
+        SECURE_HSTS_SECONDS="600",
+        SECURE_HSTS_INCLUDE_SUBDOMAINS="0",
+        SECURE_HSTS_PRELOAD="1",
+        SECURE_PROXY_SSL_HEADER="X-Scheme",
+        **PRODUCTION,
+    ) == ["False", "600", "False", "True", "('HTTP_X_SCHEME', 'https')", "True"]
+    assert https_settings(tmp_path, SECURE_PROXY_SSL_HEADER="", **PRODUCTION)[4] == "None"
+
+
+def test_deploy_check_is_clean_with_production_settings(tmp_path):
+    """``manage.py check --deploy`` with what production sets: DEBUG off, a long random key."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SECURE_") and k not in {"DATABASE_URL", "DEBUG", "SECRET_KEY"}
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings",
+        PORTAL_VAR_DIR=str(tmp_path / "var"),
+        SECRET_KEY="k7Qz-p2Vd9xWm4RtB8yLc1NfH6sJ0gUa3EoZiK5vXbT_qYwMnPr",
+    )
+    call = (
+        "import django; django.setup(); from django.core.management import call_command; "
+        "call_command('check', deploy=True, fail_level='WARNING')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", call], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+@pytest.mark.django_db
+def test_probes_are_not_redirected_to_https(settings):
+    """Kubernetes probes and the metrics scraper call over plain HTTP inside the cluster."""
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    client = Client()  # its handler reads the security settings when it is built
+    for path in ("/healthz", "/livez", "/metrics"):
+        assert client.get(path).status_code != 301, path
+    response = client.get("/api/v1/teams/")
+    assert response.status_code == 301
+    assert response["Location"] == "https://testserver/api/v1/teams/"
+    assert client.get("/api/v1/teams/", HTTP_X_FORWARDED_PROTO="https").status_code == 401

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -93,3 +94,24 @@ def exception_handler(exc, context):
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = 'Bearer realm="api"'
     return response
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 404 handler: a URL under /api/ that no route matches (``/versions/0.5/``, a
+    mistyped action) is answered like any other API 404, in JSON; pages keep the HTML one."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("not_found", "Not found."), status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400 handler, for what fails before a view can answer; under /api/ in JSON, and
+    a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as the 413 it is."""
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return JsonResponse(
+            error_body("too_large", f"The request body is larger than {limit} bytes."), status=413
+        )
+    return JsonResponse(error_body("bad_request", "Bad request."), status=400)

@@ -31,9 +31,37 @@ from portal.registry.models import (
 )
 from portal.registry.validation import find_version_overrides, override_message
 
+#: The JSON type each kind of field takes. DRF would coerce ``0`` into ``"0"`` or ``"5"`` into
+#: 5; the schema promises a string or a number, and a caller who sends the other kind has a bug.
+_JSON_TYPES: tuple[tuple[type[serializers.Field], tuple[type, ...]], ...] = (
+    (serializers.BooleanField, (bool,)),
+    (serializers.CharField, (str,)),
+    (serializers.IntegerField, (int,)),
+    (serializers.FloatField, (int, float)),
+)
+
+
+def _json_type_error(field: serializers.Field, value: Any) -> str | None:
+    if value is None:  # each field's allow_null decides
+        return None
+    if isinstance(field, serializers.ListField):
+        items = value if isinstance(value, list) else []
+        return next(filter(None, (_json_type_error(field.child, item) for item in items)), None)
+    for kind, types in _JSON_TYPES:
+        if isinstance(field, kind):
+            fits = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+            if not fits:
+                return str(field.error_messages["invalid"])
+    # As sent, before whitespace is trimmed: the schema's maxLength is of the JSON string.
+    limit = getattr(field, "max_length", None)
+    if isinstance(field, serializers.CharField) and limit is not None and len(value) > limit:
+        return str(field.error_messages["max_length"]).format(max_length=limit)
+    return None
+
 
 class StrictInput(serializers.Serializer):
-    """Refuses fields it does not know, so a typo is an error instead of being silently dropped."""
+    """Refuses fields it does not know, so a typo is an error instead of being silently dropped,
+    and values of another JSON type than the field's, instead of converting them."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -45,7 +73,27 @@ class StrictInput(serializers.Serializer):
                         for name in unknown
                     }
                 )
+            wrong = {
+                name: [message]
+                for name, value in data.items()
+                if (message := _json_type_error(self.fields[name], value))
+            }
+            if wrong:
+                raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (never null, a list or a scalar), as the schema declares it."""
+
+    default_error_messages = {"not_an_object": "Must be a JSON object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            self.fail("not_an_object")
+        return value
 
 
 class NoOverridesInput(StrictInput):
@@ -265,8 +313,8 @@ class VersionCreateIn(NoOverridesInput):
     model = serializers.IntegerField(min_value=1)
     artifact_uri = serializers.CharField(max_length=1024)
     backend = serializers.ChoiceField(choices=Backend.choices, default=Backend.VLLM)
-    engine_args = serializers.JSONField(required=False, default=dict)
-    io_spec = serializers.JSONField(required=False, default=dict)
+    engine_args = JSONObjectField(required=False, default=dict)
+    io_spec = JSONObjectField(required=False, default=dict)
     api_surface = serializers.ChoiceField(
         choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
     )
@@ -286,8 +334,8 @@ class VersionCreateIn(NoOverridesInput):
 
 class VersionUpdateIn(NoOverridesInput):
     artifact_uri = serializers.CharField(max_length=1024, required=False)
-    engine_args = serializers.JSONField(required=False)
-    io_spec = serializers.JSONField(required=False)
+    engine_args = JSONObjectField(required=False)
+    io_spec = JSONObjectField(required=False)
     api_surface = serializers.ChoiceField(choices=ApiSurface.choices, required=False)
     constraint_plugins = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, max_length=20
@@ -302,6 +350,7 @@ def _stages_field(**kwargs: Any) -> serializers.ListField:
             min_value=limits.STAGE_PERCENT.min, max_value=limits.STAGE_PERCENT.max
         ),
         required=False,
+        min_length=1,
         max_length=limits.MAX_STAGES,
         **kwargs,
     )
@@ -378,6 +427,26 @@ class AdviceOut(serializers.Serializer):
 
 class ActionIn(StrictInput):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+# --- Errors ------------------------------------------------------------------------------------
+
+
+class ErrorDetailOut(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable, machine-readable: invalid, not_found, ...")
+    message = serializers.CharField(help_text="For people; the first field's problem if any.")
+    fields = serializers.DictField(  # type: ignore[assignment]  # the error body's key
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="The input fields at fault (``field.sub`` or ``field[0]``) and their problems.",
+    )
+    detail = serializers.DictField(required=False, help_text="Facts about the refusal.")
+
+
+class ErrorOut(serializers.Serializer):
+    """Every failed call's body (see ``portal.api.errors``)."""
+
+    error = ErrorDetailOut()
 
 
 # --- Metrics ------------------------------------------------------------------------------------

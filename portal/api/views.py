@@ -11,7 +11,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -19,9 +20,10 @@ from rest_framework.response import Response
 
 from portal.accounts.access import Access, access_for, default_team
 from portal.accounts.models import Team
-from portal.api import filters
+from portal.api import filters, idempotency
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
+from portal.api.schema import CONFLICT, error
 from portal.core.actors import Actor
 from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
@@ -29,6 +31,26 @@ from portal.deployments.models import Deployment, DeploymentEvent, Instance, Ins
 from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services
 from portal.registry.models import Model, ModelVersion, PlatformRelease
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    idempotency.HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Any unique string (at most 255 printable characters): a retry with the same "
+    "key and body replays the first answer instead of acting twice.",
+)
+#: What creating calls answer besides their own result (see portal.api.idempotency).
+IDEMPOTENT_ERRORS = {
+    422: error(f"This {idempotency.HEADER} was already used for a different request."),
+}
+
+
+#: The schema of the deployment actions (pause, resume, abort, promote, rollback).
+ACTION_SCHEMA: dict[str, Any] = {
+    "request": s.ActionIn,
+    "responses": {200: s.DeploymentOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
+    "parameters": [IDEMPOTENCY_KEY],
+}
 
 
 class ScopedViewSet(viewsets.GenericViewSet):
@@ -99,7 +121,7 @@ class ReleaseViewSet(viewsets.ReadOnlyModelViewSet):
 
     queryset = PlatformRelease.objects.all()
     serializer_class = s.ReleaseOut
-    filterset_fields = ["is_default"]
+    filterset_class = filters.ReleaseFilter
 
 
 class InstanceTypeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -115,7 +137,11 @@ class RegisteredModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.Retrie
     filterset_class = filters.ModelFilter
     ordering_fields = ["slug", "created_at"]
 
-    @extend_schema(request=s.ModelCreateIn, responses={201: s.ModelOut})
+    @extend_schema(
+        request=s.ModelCreateIn,
+        responses={201: s.ModelOut, **IDEMPOTENT_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     @idempotent
     def create(self, request):
         data = self.valid_input(s.ModelCreateIn)
@@ -165,7 +191,11 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
     team_field = "model__team"
     ordering_fields = ["number", "created_at"]
 
-    @extend_schema(request=s.VersionCreateIn, responses={201: s.VersionOut})
+    @extend_schema(
+        request=s.VersionCreateIn,
+        responses={201: s.VersionOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     @idempotent
     def create(self, request):
         data = self.valid_input(s.VersionCreateIn)
@@ -176,14 +206,16 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         )
         return self.answer(s.VersionOut, version, status.HTTP_201_CREATED)
 
+    # All of them, unpaginated and unfiltered: a version has a handful of moves, and the list's
+    # filters are the versions' own, not the events'.
     @extend_schema(responses=s.VersionEventOut(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def events(self, request, pk=None):
         """The version's lifecycle moves, oldest first (materialization, packaging, failures)."""
         version = self.get_object()
         return Response(s.VersionEventOut(version.events.all(), many=True).data)
 
-    @extend_schema(request=s.VersionUpdateIn, responses=s.VersionOut)
+    @extend_schema(request=s.VersionUpdateIn, responses={200: s.VersionOut, 409: CONFLICT})
     def partial_update(self, request, pk=None):
         version = self.get_object()
         self.require_write(version.model.team_id)
@@ -191,7 +223,7 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         version = registry_services.update_version(version, **data)
         return self.answer(s.VersionOut, version)
 
-    @extend_schema(request=None, responses=s.VersionOut)
+    @extend_schema(request=None, responses={200: s.VersionOut, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
         """Start a failed version again from the top (its failure reason was acted on); copies
@@ -212,7 +244,9 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
     ordering_fields = ["created_at", "updated_at"]
 
     @extend_schema(
-        request=s.DeploymentCreateIn, responses={201: s.DeploymentOut, 200: s.DeploymentOut}
+        request=s.DeploymentCreateIn,
+        responses={201: s.DeploymentOut, 200: s.DeploymentOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
     )
     @idempotent
     def create(self, request):
@@ -264,7 +298,7 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         advice = deployment_services.advise_strategy(version.model, version)
         return Response(s.AdviceOut(advice).data)
 
-    @extend_schema(request=s.DeploymentUpdateIn, responses=s.DeploymentOut)
+    @extend_schema(request=s.DeploymentUpdateIn, responses={200: s.DeploymentOut, 409: CONFLICT})
     def partial_update(self, request, pk=None):
         deployment = self.get_object()
         self.require_write(deployment.model.team_id)
@@ -299,31 +333,31 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         )
         return self.answer(s.DeploymentOut, deployment)
 
-    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @extend_schema(**ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def pause(self, request, pk=None):
         return self._act(request, pk, Action.PAUSE)
 
-    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @extend_schema(**ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def resume(self, request, pk=None):
         return self._act(request, pk, Action.RESUME)
 
-    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @extend_schema(**ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def abort(self, request, pk=None):
         return self._act(request, pk, Action.ABORT)
 
-    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @extend_schema(**ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def promote(self, request, pk=None):
         return self._act(request, pk, Action.PROMOTE)
 
-    @extend_schema(request=s.ActionIn, responses=s.DeploymentOut)
+    @extend_schema(**ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def rollback(self, request, pk=None):
