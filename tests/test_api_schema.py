@@ -273,4 +273,4 @@ def test_an_oversized_body_is_a_413_with_the_json_error_body(settings, api, memb
         f"/api/v1/models/{model.pk}/", {"description": "x" * 2000}, format="json"
     )
     assert response["Content-Type"] == "application/json"
-    assert "1000 bytes" in api_error(response, 413, "too_large")["message"]
+    assert "1000 bytes" in api_error(response, 413, "request_too_large")["message"]

@@ -68,13 +68,7 @@ def exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
         # Django refuses the body from its Content-Length before reading it (or once a body
         # without one passes the limit); its own answer would be a bare 400.
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return Response(
-            error_body(
-                "request_too_large", f"The request body is larger than the limit of {limit} bytes."
-            ),
-            status=413,
-        )
+        return Response(_too_large(), status=413)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -110,8 +104,14 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if not request.path.startswith("/api/"):
         return defaults.bad_request(request, exception)
     if isinstance(exception, RequestDataTooBig):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return JsonResponse(
-            error_body("too_large", f"The request body is larger than {limit} bytes."), status=413
-        )
+        return JsonResponse(_too_large(), status=413)
     return JsonResponse(error_body("bad_request", "Bad request."), status=400)
+
+
+def _too_large() -> dict:
+    """The one answer to a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, whether DRF or Django
+    found it first."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return error_body(
+        "request_too_large", f"The request body is larger than the limit of {limit} bytes."
+    )
