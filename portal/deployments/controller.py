@@ -70,7 +70,7 @@ def reconcile(deployment_id: int) -> float | None:
         return _interval()  # another worker is at it; look again soon in case it just finished
     try:
         try:
-            # get(), not filter().first(): no ORDER BY to compile, a third of a steady step.
+            # get(), not filter().first(): no ORDER BY to compile (a fifth of a steady step).
             deployment = Deployment.objects.select_related(
                 "model__team",
                 "target_version__release",
@@ -231,13 +231,11 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
                 f"within {deadline} s"
             )
     if deployment.step.phase == Phase.BAKE:
-        for instance in view.unhealthy(target):
-            # One slow health check is not a failure; one that keeps failing is.
-            if time.time() - instance.updated_at.timestamp() > UNHEALTHY_GRACE_SECONDS:
-                return (
-                    f"instance {instance.name} of v{target.number} failed its health check for "
-                    f"over {UNHEALTHY_GRACE_SECONDS} s"
-                )
+        for instance in view.unhealthy_for(target, UNHEALTHY_GRACE_SECONDS):
+            return (
+                f"instance {instance.name} of v{target.number} failed its health check for "
+                f"over {UNHEALTHY_GRACE_SECONDS} s"
+            )
         return _error_rate_breach(deployment, view)
     return None
 
@@ -356,7 +354,8 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
             view, plan.fallback, keep, f"stage {stage}: v{plan.fallback.number} keeps {keep}"
         )
     traffic = plan.traffic(percent)
-    # The split is written before it is published: the table is built from what is stored.
+    # The split is stored before it is published: a table rebuilt from the database (beat's
+    # backstop, or a lost record) must carry it too.
     _update(deployment, traffic=traffic, step=deployment.step.but(phase=Phase.SHIFT))
     generation = routing.publish(deployment, view.rows)
     _update(deployment, step=deployment.step.but(generation=generation))
@@ -527,13 +526,9 @@ def _serving(deployment: Deployment, plan: RolloutPlan, view: View) -> float | N
     for version in view.versions():
         if version.pk != target.pk:
             instances.retire_extra(view, version, 0, f"v{version.number} no longer serves")
-    stuck = [
-        row
-        for row in view.unhealthy(target)
-        if time.time() - row.updated_at.timestamp() > settings.UNHEALTHY_REPLACE_SECONDS
-    ]
+    limit = settings.UNHEALTHY_REPLACE_SECONDS
+    stuck = view.unhealthy_for(target, limit)
     if stuck:
-        limit = settings.UNHEALTHY_REPLACE_SECONDS
         names = instances.retire(stuck, f"failed its health check for over {limit:.0f} s")
         _note(deployment, f"Replacing {len(names)} instance(s) failing their health check.")
     wait = _restart_lost(

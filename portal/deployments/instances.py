@@ -55,6 +55,13 @@ class View:
     def unhealthy(self, version: ModelVersion) -> list[Instance]:
         return self._of(version, (S.UNHEALTHY,))
 
+    def unhealthy_for(self, version: ModelVersion, seconds: float) -> list[Instance]:
+        """Instances of ``version`` failing their health check for over ``seconds`` (since
+        their last transition): one slow check is not a reason to act, one that keeps failing
+        is."""
+        now = time.time()
+        return [r for r in self.unhealthy(version) if now - r.updated_at.timestamp() > seconds]
+
     def draining(self, version: ModelVersion) -> list[Instance]:
         return self._of(version, (S.DRAINING,))
 
