@@ -79,11 +79,13 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     waiting = set(workers)
+    failed_start = False
     while waiting and not stopping:
         if not ready.empty():
             waiting.discard(ready.get())
         elif any(not workers[slot].is_alive() for slot in waiting):
             log.error("a gateway process died before it listened")
+            failed_start = True
             on_signal(signal.SIGTERM, None)
             break
         else:
@@ -125,7 +127,7 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
-    return 0
+    return 1 if failed_start else 0
 
 
 def _sleep_unless(stop: Callable[[], bool], seconds: float) -> None:

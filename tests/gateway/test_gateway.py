@@ -333,3 +333,32 @@ def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, ba
         assert after["requests"] - before["requests"] == 1  # only the one at the limit
     finally:
         stop_process_group(proc)
+
+
+def test_a_gateway_that_cannot_listen_exits_with_an_error(clean_redis):
+    """A port taken by another program: every process dies before it listens, and the
+    supervisor says so with its exit status instead of ever printing GATEWAY READY."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "serving.gateway",
+                "--port",
+                str(port),
+                "--redis-url",
+                settings.REDIS_URL,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert "GATEWAY READY" not in proc.stdout
+    assert "died before it listened" in proc.stderr
