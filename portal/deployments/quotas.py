@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import F, Sum
+from django.db.models import Count, F, Sum
 
 from portal.accounts.models import Team
 from portal.core.errors import QuotaExceeded
@@ -29,9 +29,11 @@ def usage(team: Team, excluding: Deployment | None = None) -> Usage:
     if excluding is not None:
         live = live.exclude(pk=excluding.pk)
     totals = live.aggregate(
-        instances=Sum("replicas"), gpus=Sum(F("replicas") * F("instance_type__gpus"))
+        deployments=Count("pk"),
+        instances=Sum("replicas"),
+        gpus=Sum(F("replicas") * F("instance_type__gpus")),
     )
-    return Usage(live.count(), totals["instances"] or 0, totals["gpus"] or 0)
+    return Usage(totals["deployments"], totals["instances"] or 0, totals["gpus"] or 0)
 
 
 def check_quota(

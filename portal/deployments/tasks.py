@@ -60,7 +60,7 @@ def redrive_deployments() -> list[int]:
     for deployment_id in stalled:
         client.delete(_marker(deployment_id))
         schedule(deployment_id)
-    watched = [pk for pk in services.watched_deployments().values_list("pk", flat=True)]
+    watched = list(services.watched_deployments().values_list("pk", flat=True))
     with client.pipeline(transaction=False) as pipe:
         for deployment_id in watched:
             pipe.exists(_marker(deployment_id), lock_key(deployment_id))
