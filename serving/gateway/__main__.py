@@ -3,7 +3,8 @@
 ``--workers`` gateway processes share the port (SO_REUSEPORT) under a supervisor that starts
 another when one dies (:mod:`serving.gateway.supervisor`), so a gateway process lost loses only
 the requests it had in flight. Each serves at once with the table it finds in Redis, or, when
-Redis has none or cannot be reached, with the copy it last saved (``--table-file``); the
+Redis has none or cannot be reached, with the copy it last saved (``--table-file``), and so
+with the caller keys it checks (:mod:`serving.gateway.keys`, ``--keys-file``); the
 supervisor prints ``GATEWAY READY http://HOST:PORT`` on stdout once all of them listen. Each then
 follows the table: it checks the generation every 100 ms, swaps in a new table whole, saves it,
 and reports what it applied (see :mod:`serving.gateway.table`). A malformed table is logged and
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from serving.gateway import table
+from serving.gateway import keys, table
 from serving.gateway.supervisor import supervise
 from serving.limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
 
@@ -49,14 +50,33 @@ async def follow(
     gateway_id: str,
     table_file: Path | None = None,
     applied: bytes | str | None = None,
+    keys_file: Path | None = None,
+    applied_keys: bytes | str | None = None,
 ) -> None:
-    """Keep the gateway on the newest good table, save it, and say which one it runs.
-    ``applied`` is the table document it started with."""
+    """Keep the gateway on the newest good table and key set, save them, and say which table
+    it runs. ``applied`` and ``applied_keys`` are the documents it started with."""
     seen_generation = None
+    seen_keys_generation = None
     reported_at = 0.0
     while True:
         try:
-            generation = await client.get(f"{prefix}:generation")
+            generation, keys_generation = await client.mget(
+                f"{prefix}:generation", f"{prefix}:keys:generation"
+            )
+            if keys_generation != seen_keys_generation:
+                # The key set is published whole under a lock, so the newest one written is
+                # the one to apply, whatever its counter (which restarts if Redis lost its data).
+                raw_keys = await client.get(f"{prefix}:keys")
+                if raw_keys is not None and raw_keys != applied_keys:
+                    try:
+                        gateway.apply_keys(keys.parse(raw_keys))
+                    except keys.KeyTableError as exc:
+                        log.error("ignoring the key set: %s", exc)
+                    else:
+                        applied_keys = raw_keys
+                        if keys_file is not None:
+                            table.save_copy(keys_file, raw_keys)
+                seen_keys_generation = keys_generation
             if generation != seen_generation:
                 # A publisher takes its generation number before it writes the table, so the
                 # table read here may still be the previous one: the number counts as seen only
@@ -96,29 +116,33 @@ async def follow(
                 if before is None:
                     # The report written a second ago is gone: Redis lost its data, and its
                     # counter may have started again at the number already seen. Read again.
-                    seen_generation = None
+                    seen_generation = seen_keys_generation = None
                 seen, gateway.seen = gateway.seen, {}
                 if seen:
                     await client.hset(f"{prefix}:last_request", mapping=seen)  # type: ignore[arg-type]
+                used, gateway.keys_used = gateway.keys_used, {}
+                if used:
+                    await client.hset(f"{prefix}:key_last_used", mapping=used)  # type: ignore[arg-type]
         except (aioredis.RedisError, OSError) as exc:
             log.warning("Redis unavailable, keeping the current table: %s", exc)
             await asyncio.sleep(1)
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def first_table(
-    client: aioredis.Redis, prefix: str, table_file: Path | None
+async def first_document(
+    client: aioredis.Redis, key: str, saved: Path | None
 ) -> bytes | str | None:
-    """The table to serve from the start: Redis's, else the copy saved by the last one."""
+    """The routing table or key set to serve with from the start: Redis's, else the copy saved
+    by the last gateway."""
     try:
-        raw = await client.get(f"{prefix}:routes")
+        raw = await client.get(key)
     except (aioredis.RedisError, OSError) as exc:
         log.warning("Redis unavailable at start: %s", exc)
         raw = None
-    if raw is None and table_file is not None:
-        raw = table.load_copy(table_file)
+    if raw is None and saved is not None:
+        raw = table.load_copy(saved)
         if raw is not None:
-            log.info("Redis has no routing table: serving the copy saved in %s", table_file)
+            log.info("Redis has no %s: serving with the copy saved in %s", key, saved)
     return raw
 
 
@@ -127,17 +151,36 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
     # Imported here, in the worker: prometheus_client must not be loaded before the supervisor
     # chose the metrics directory (serving.gateway.supervisor).
     from serving.gateway.proxy import Gateway, make_app
+    from serving.gateway.ratelimit import RateLimiter
 
-    gateway = Gateway(max_body_bytes=max_body_bytes(GATEWAY_MAX_BODY_ENV))
     client = aioredis.Redis.from_url(args.redis_url)
+    gateway = Gateway(
+        max_body_bytes=max_body_bytes(GATEWAY_MAX_BODY_ENV),
+        limiter=RateLimiter(client),
+        prefix=args.prefix,
+    )
     table_file = Path(args.table_file) if args.table_file else None
-    raw = await first_table(client, args.prefix, table_file)
+    raw = await first_document(client, f"{args.prefix}:routes", table_file)
     if raw is not None:
         try:
             gateway.apply(*table.parse(raw))
         except table.TableError as exc:
             log.error("ignoring the routing table: %s", exc)
             raw = None
+        else:
+            if table_file is not None:
+                table.save_copy(table_file, raw)
+    keys_file = Path(args.keys_file) if args.keys_file else None
+    raw_keys = await first_document(client, f"{args.prefix}:keys", keys_file)
+    if raw_keys is not None:
+        try:
+            gateway.apply_keys(keys.parse(raw_keys))
+        except keys.KeyTableError as exc:
+            log.error("ignoring the key set: %s", exc)
+            raw_keys = None
+        else:
+            if keys_file is not None:
+                table.save_copy(keys_file, raw_keys)
     gateway_id = f"{socket.gethostname()}:{args.port}:{os.getpid()}"
     runner = web.AppRunner(make_app(gateway), access_log=None, handler_cancellation=False)
     await runner.setup()
@@ -158,7 +201,7 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     follower = asyncio.create_task(
-        follow(gateway, client, args.prefix, gateway_id, table_file, raw)
+        follow(gateway, client, args.prefix, gateway_id, table_file, raw, keys_file, raw_keys)
     )
     await stop.wait()
     follower.cancel()
@@ -188,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         "--table-file",
         default=os.environ.get("GATEWAY_TABLE_FILE") or None,
         help="where each process saves the table it applied, to start from when Redis has none",
+    )
+    parser.add_argument(
+        "--keys-file",
+        default=os.environ.get("GATEWAY_KEYS_FILE") or None,
+        help="where each process saves the caller keys it applied, to start from when Redis has none",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -23,6 +23,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, multiprocess
 
+from serving.gateway.keys import KeyTable, Refused, estimate_tokens, presented_key
+from serving.gateway.ratelimit import LimitsUnavailable, RateLimiter, buckets
 from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
 from serving.gateway.table import Backend, Group, RouteEntry
 from serving.limits import DEFAULT_MAX_BODY_BYTES
@@ -40,6 +42,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        # The caller's key is the gateway's to check; an instance never sees it.
+        "authorization",
+        "x-api-key",
     }
 )
 MAX_CONNECT_ATTEMPTS = 3
@@ -100,6 +105,11 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        self.limits_unavailable = Counter(
+            "gateway_rate_limits_unavailable",
+            "Requests passed without their rate limits applied because Redis did not answer",
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "gateway_upstream_errors",
             "Requests that failed after reaching a backend (answered 502)",
@@ -132,16 +142,29 @@ class Metrics:
 
 
 class Gateway:
-    """The routing table in use and the handler that applies it."""
+    """The routing table and caller keys in use, and the handler that applies them."""
 
-    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limiter: RateLimiter | None = None,
+        prefix: str = "gateway",
+    ) -> None:
         #: Bodies over this are answered 413 and never forwarded.
         self.max_body_bytes = max_body_bytes
         self.generation = 0
         self.routes: dict[str, RouteState] = {}
+        #: The caller keys accepted (:mod:`serving.gateway.keys`); none until the portal
+        #: publishes some, so a gateway with no key set refuses every call.
+        self.keys = KeyTable()
+        #: Applies rate limits (None: none are applied, for a gateway without Redis).
+        self.limiter = limiter
+        self.prefix = prefix
         self.metrics = Metrics()
         #: route path → time of its last request, flushed to Redis by the table follower.
         self.seen: dict[str, float] = {}
+        #: key prefix → time of its last accepted request, flushed the same way.
+        self.keys_used: dict[str, float] = {}
         self.session: aiohttp.ClientSession | None = None
 
     def apply(self, generation: int, entries: list[RouteEntry]) -> None:
@@ -156,6 +179,9 @@ class Gateway:
             )
         self.routes, self.generation = routes, generation
         self.metrics.generation.set(generation)
+
+    def apply_keys(self, keys: KeyTable) -> None:
+        self.keys = keys
 
     async def start(self, app: web.Application) -> None:
         # A new connection per request: then a failure to connect is the only failure that
@@ -186,6 +212,19 @@ class Gateway:
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         path, rest = split_path(request.match_info["tail"])
+        # The key first: a caller without one learns nothing, not even which models exist.
+        try:
+            caller = self.keys.authenticate(
+                presented_key(
+                    request.headers.get("Authorization"), request.headers.get("X-API-Key")
+                ),
+                path,
+            )
+        except Refused as refused:
+            response = self._error(path, refused.status, refused.message, refused.kind)
+            if refused.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="models"'
+            return response
         state = self.routes.get(path)
         if state is None:
             return self._error(path, 404, f"No model is served at /models/{path}/.", "not_found")
@@ -212,6 +251,25 @@ class Gateway:
             body = await request.read()  # aiohttp stops at client_max_size (chunked bodies)
         except web.HTTPRequestEntityTooLarge:
             return self._error(path, 413, too_large, "request_too_large")
+        wanted = buckets(caller, estimate_tokens(body), self.prefix) if self.limiter else []
+        if wanted:
+            assert self.limiter is not None
+            try:
+                verdict = await self.limiter.take(wanted)
+            except LimitsUnavailable:
+                self.metrics.limits_unavailable.inc()
+            else:
+                if not verdict.allowed:
+                    limited = self._error(
+                        path,
+                        429,
+                        "Rate limit reached for this key or its team; retry after "
+                        f"{verdict.retry_after_header} s.",
+                        "rate_limit_exceeded",
+                    )
+                    limited.headers["Retry-After"] = verdict.retry_after_header
+                    return limited
+        self.keys_used[caller.key.prefix] = time.time()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         self.metrics.in_flight.inc()
         try:

@@ -17,16 +17,36 @@ import pytest
 import redis
 from django.conf import settings
 
-from serving.gateway import table
+from serving.gateway import keys, table
+from serving.gateway.keys import KeyEntry, Limits
 from serving.gateway.table import Backend, Group, RouteEntry
 from tests.conftest import stop_process_group
 from tests.deployments.rollout_helpers import ROOT, start_gateway, wait_for
 from tests.ports import free_port
 
+#: Caller keys of the teams the tests route for (``t`` and ``search``), published before a
+#: gateway starts.
+T_KEY = "mlk_0000000t_secret-of-team-t"
+SEARCH_KEY = "mlk_search00_secret-of-team-search"
+AUTH = {"Authorization": f"Bearer {T_KEY}"}
+SEARCH_AUTH = {"Authorization": f"Bearer {SEARCH_KEY}"}
+
+
+def key_entry(plaintext: str, team: str, **fields) -> KeyEntry:
+    prefix = keys.split_key(plaintext)
+    assert prefix is not None
+    return KeyEntry(prefix, keys.digest(plaintext), team, **fields)
+
+
+def publish_keys(client, *entries: KeyEntry, teams: dict[str, Limits] | None = None) -> None:
+    keys.publish(client, keys.document(list(entries), teams or {}))
+
 
 @pytest.fixture
 def client(clean_redis):
-    return redis.Redis.from_url(settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    publish_keys(client, key_entry(T_KEY, "t"), key_entry(SEARCH_KEY, "search"))
+    return client
 
 
 @pytest.fixture
@@ -83,7 +103,7 @@ def slow_request(url: str) -> tuple[dict[str, httpx.Response], threading.Thread]
     slow: dict[str, httpx.Response] = {}
     thread = threading.Thread(
         target=lambda: slow.update(
-            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10)
+            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10, headers=AUTH)
         )
     )
     thread.start()
@@ -106,7 +126,7 @@ def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(client, 
         route("search/chat/versions/2", Group("v2", 100, [b])),
     )
     served = []
-    with httpx.Client() as http:
+    with httpx.Client(headers=SEARCH_AUTH) as http:
         for _ in range(400):
             answer = http.post(url + "/models/search/chat/v1/completions", json={"n": 1})
             assert answer.status_code == 200
@@ -117,7 +137,7 @@ def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(client, 
     echoed = httpx.post(
         url + "/models/search/chat/versions/2/v2/models/m/infer?x=1",
         content=b'{"inputs": []}',
-        headers={"Authorization": "Bearer t"},
+        headers={"X-API-Key": SEARCH_KEY},  # the header tritonclient callers may set instead
     ).json()
     assert echoed == {
         "backend": "b",
@@ -125,22 +145,22 @@ def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(client, 
         "path": "/v2/models/m/infer",
         "query": "x=1",
         "body": '{"inputs": []}',
-        "auth": "Bearer t",
+        "auth": "",  # the caller's key is the gateway's: no instance ever sees it
     }
 
 
 def test_unknown_routes_and_empty_routes_answer_with_clear_errors(client, gateway):
     _, url = gateway
     publish(client, url, route("search/chat", Group("v1", 100, [])))
-    missing = httpx.post(url + "/models/search/other/v1/completions")
+    missing = httpx.post(url + "/models/search/other/v1/completions", headers=SEARCH_AUTH)
     assert missing.status_code == 404
     assert missing.json()["error"]["message"] == "No model is served at /models/search/other/."
-    empty = httpx.post(url + "/models/search/chat/v1/completions")
+    empty = httpx.post(url + "/models/search/chat/v1/completions", headers=SEARCH_AUTH)
     assert empty.status_code == 503
     assert empty.json() == {
         "error": {"message": "no ready instance for route search/chat", "type": "unavailable"}
     }
-    assert httpx.get(url + "/models/search/chat/admin").status_code == 404
+    assert httpx.get(url + "/models/search/chat/admin", headers=SEARCH_AUTH).status_code == 404
 
 
 def test_a_backend_that_refuses_connections_is_skipped_without_failing_anyone(
@@ -150,7 +170,7 @@ def test_a_backend_that_refuses_connections_is_skipped_without_failing_anyone(
     live = backends("live")
     publish(client, url, route("t/m", Group("v1", 50, [closed_port_backend("dead"), live])))
     for _ in range(20):
-        answer = httpx.post(url + "/models/t/m/v1/x")
+        answer = httpx.post(url + "/models/t/m/v1/x", headers=AUTH)
         assert answer.status_code == 200 and answer.json()["backend"] == "live"
     # Every process alternates between the two on its own, and /metrics sums the processes:
     # about one request in two tried the dead backend first.
@@ -166,7 +186,7 @@ def test_a_request_that_reached_a_backend_is_never_retried(client, gateway, back
     _, url = gateway
     doomed, other = backends("doomed"), backends("other")
     publish(client, url, route("t/m", Group("v1", 100, [doomed, other])))
-    answer = httpx.post(url + "/models/t/m/v1/die", json={"prompt": "x"})
+    answer = httpx.post(url + "/models/t/m/v1/die", json={"prompt": "x"}, headers=AUTH)
     assert answer.status_code == 502
     assert answer.json()["error"]["type"] == "upstream_error"
     assert httpx.get(other.openai + "/v1/count").json()["requests"] == 0  # no second try
@@ -178,7 +198,7 @@ def test_a_backend_leaving_the_table_finishes_what_it_has(client, gateway, backe
     publish(client, url, route("t/m", Group("v1", 100, [old])))
     slow, thread = slow_request(url)
     publish(client, url, route("t/m", Group("v2", 100, [new])))
-    assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "new"
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "new"
     thread.join()
     assert slow["answer"].status_code == 200 and slow["answer"].json()["backend"] == "old"
 
@@ -188,7 +208,7 @@ def test_streams_are_passed_on_as_they_come(client, gateway, backends):
     publish(client, url, route("t/m", Group("v1", 100, [backends("s")])))
     arrivals = []
     started = time.monotonic()
-    with httpx.stream("POST", url + "/models/t/m/v1/stream", timeout=10) as answer:
+    with httpx.stream("POST", url + "/models/t/m/v1/stream", timeout=10, headers=AUTH) as answer:
         for line in answer.iter_lines():
             if line:
                 arrivals.append((line, time.monotonic() - started))
@@ -203,7 +223,7 @@ def test_a_malformed_table_is_ignored_and_the_last_good_one_kept(client, gateway
     client.incr("gateway:generation")
     time.sleep(0.5)
     assert proc.poll() is None
-    assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "good"
 
 
 def test_a_table_written_after_its_number_was_taken_is_still_applied(client, gateway, backends):
@@ -220,7 +240,7 @@ def test_a_table_written_after_its_number_was_taken_is_still_applied(client, gat
     }
     client.set("gateway:routes", json.dumps(document))
     wait_for(lambda: (table.applied_generation(client) or 0) >= number, 10, "table")
-    assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "good"
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "good"
 
 
 def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gateway, backends):
@@ -229,7 +249,7 @@ def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gat
     generation = publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
     wait_for(lambda: table.applied_generation(client) == generation, 5, "the report")
     before = time.time()
-    httpx.post(url + "/models/t/m/v1/x")
+    httpx.post(url + "/models/t/m/v1/x", headers=AUTH)
     wait_for(lambda: table.last_requests(client).get("t/m", 0) >= before, 5, "last request")
 
 
@@ -256,7 +276,9 @@ def test_a_gateway_process_killed_loses_only_its_in_flight_requests(client, gate
     def caller() -> None:
         while not stop.is_set():
             try:
-                results.append(httpx.post(url + "/models/t/m/v1/x", timeout=10).status_code)
+                results.append(
+                    httpx.post(url + "/models/t/m/v1/x", timeout=10, headers=AUTH).status_code
+                )
             except httpx.HTTPError as exc:
                 results.append(type(exc).__name__)
 
@@ -284,15 +306,21 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
     client, backends, tmp_path
 ):
     saved = tmp_path / "gateway-table.json"
-    first, url = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+    saved_keys = tmp_path / "gateway-keys.json"
+    files = ("--table-file", str(saved), "--keys-file", str(saved_keys))
+    first, url = start_gateway(settings.REDIS_URL, *files)
     try:
         publish(client, url, route("t/m", Group("v1", 100, [backends("old")])))
-        wait_for(saved.exists, 10, "the saved copy")
+        wait_for(lambda: saved.exists() and saved_keys.exists(), 10, "the saved copies")
         client.flushdb()  # a Redis restart without persistence
-        assert httpx.post(url + "/models/t/m/v1/x").json()["backend"] == "old"  # keeps its table
-        second, second_url = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+        assert (
+            httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "old"
+        )  # keeps its table
+        second, second_url = start_gateway(settings.REDIS_URL, *files)
         try:
-            assert httpx.post(second_url + "/models/t/m/v1/x").json()["backend"] == "old"
+            assert (
+                httpx.post(second_url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "old"
+            )
             # The controller publishes again; Redis's counter started over below what the
             # gateways run, and both still take the new table.
             generation = table.publish(client, [route("t/m", Group("v1", 100, [backends("new")]))])
@@ -300,7 +328,8 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
             for base in (url, second_url):
                 wait_for(
                     lambda base=base: (
-                        httpx.post(base + "/models/t/m/v1/x").json()["backend"] == "new"
+                        httpx.post(base + "/models/t/m/v1/x", headers=AUTH).json()["backend"]
+                        == "new"
                     ),
                     10,
                     "the table published after the loss",
@@ -317,7 +346,7 @@ def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, ba
         b = backends("b")
         publish(client, url, route("t/m", Group("v1", 100, [b])))
         before = httpx.get(b.openai + "/v1/count").json()
-        with httpx.Client() as http:
+        with httpx.Client(headers=AUTH) as http:
             at_limit = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1000)
             assert at_limit.status_code == 200
             declared = http.post(url + "/models/t/m/v1/completions", content=b"x" * 1001)
@@ -362,3 +391,177 @@ def test_a_gateway_that_cannot_listen_exits_with_an_error(clean_redis):
     assert proc.returncode == 1, proc.stderr
     assert "GATEWAY READY" not in proc.stdout
     assert "died before it listened" in proc.stderr
+
+
+# --- caller keys and rate limits ------------------------------------------------------------
+
+
+def test_callers_need_a_valid_key_scoped_to_the_model(client, gateway, backends):
+    _, url = gateway
+    b = backends("b")
+    scoped = "mlk_scoped01_only-model-m"
+    expired = "mlk_expired1_long-gone"
+    publish_keys(
+        client,
+        key_entry(T_KEY, "t"),
+        key_entry(scoped, "t", models=("m",)),
+        key_entry(expired, "t", expires_at=time.time() - 1),
+    )
+    publish(
+        client, url, route("t/m", Group("v1", 100, [b])), route("t/other", Group("v1", 100, [b]))
+    )
+    wait_for(
+        lambda: (
+            httpx.post(url + "/models/t/m/v1/x", headers={"X-API-Key": scoped}).status_code == 200
+        ),
+        10,
+        "the new key set",
+    )
+    before = httpx.get(b.openai + "/v1/count").json()["requests"]
+
+    def status(path: str, headers: dict[str, str]) -> tuple[int, str]:
+        answer = httpx.post(url + path, headers=headers)
+        return answer.status_code, answer.json()["error"][
+            "type"
+        ] if answer.status_code != 200 else ""
+
+    assert status("/models/t/m/v1/x", {}) == (401, "invalid_api_key")
+    missing = httpx.post(url + "/models/t/m/v1/x")
+    assert missing.headers["WWW-Authenticate"] == 'Bearer realm="models"'
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
+    # A caller without a valid key learns nothing: a route that does not exist reads the same.
+    assert status("/models/t/none/v1/x", {}) == (401, "invalid_api_key")
+    assert status("/models/t/m/v1/x", {"Authorization": "Bearer mlk_0000000t_wrong"})[0] == 401
+    assert status("/models/t/m/v1/x", {"Authorization": "Basic " + T_KEY})[0] == 401
+    assert status("/models/t/m/v1/x", {"Authorization": f"Bearer {expired}"})[0] == 401
+    assert httpx.post(
+        url + "/models/t/m/v1/x", headers={"Authorization": f"Bearer {expired}"}
+    ).json()["error"]["message"] == ("The caller key has expired.")
+    # Another team's model, or a model outside the key's list: 403, never forwarded.
+    assert status("/models/search/chat/v1/x", AUTH) == (403, "permission_denied")
+    assert status("/models/t/other/v1/x", {"Authorization": f"Bearer {scoped}"}) == (
+        403,
+        "permission_denied",
+    )
+    assert status("/models/t/other/v1/x", AUTH) == (200, "")
+    assert status("/models/t/m/v1/x", {"Authorization": f"bearer {scoped}"}) == (200, "")
+    assert httpx.get(b.openai + "/v1/count").json()["requests"] - before == 2
+
+
+def test_a_revoked_key_is_refused_within_a_second_and_its_use_is_reported(
+    client, gateway, backends
+):
+    _, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    before = time.time()
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code == 200
+    wait_for(
+        lambda: float(client.hget("gateway:key_last_used", "0000000t") or 0) >= before,
+        5,
+        "the key's last use",
+    )
+    publish_keys(client, key_entry(SEARCH_KEY, "search"))  # the portal revoked T_KEY
+    revoked_at = time.monotonic()
+    # Every gateway process (two share the port) must refuse it: ask several times in a row.
+    wait_for(
+        lambda: all(
+            httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code == 401 for _ in range(6)
+        ),
+        5,
+        "the revocation",
+        interval=0.05,
+    )
+    assert time.monotonic() - revoked_at < 2
+
+
+def test_a_malformed_key_set_is_ignored_and_the_last_good_one_kept(client, gateway, backends):
+    proc, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    client.set("gateway:keys", '{"keys": [{"prefix": 1}], "teams": {}}')
+    client.incr("gateway:keys:generation")
+    time.sleep(0.5)
+    assert proc.poll() is None
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code == 200
+
+
+def test_request_rate_limits_hold_across_gateway_processes_with_retry_after(
+    client, gateway, backends
+):
+    """One request per second for the key, whichever of the gateway's two processes answers:
+    the buckets are in Redis, shared."""
+    _, url = gateway
+    publish_keys(client, key_entry(T_KEY, "t", limits=Limits(requests_per_second=1)))
+    b = backends("b")
+    publish(client, url, route("t/m", Group("v1", 100, [b])))
+    time.sleep(1.5)  # the key set is applied, and the bucket full
+    started = time.monotonic()
+    answers = []
+    for _ in range(8):
+        with httpx.Client(headers=AUTH) as fresh:  # a new connection each: both processes answer
+            answers.append(fresh.post(url + "/models/t/m/v1/x"))
+    elapsed = time.monotonic() - started
+    passed = [a for a in answers if a.status_code == 200]
+    limited = [a for a in answers if a.status_code == 429]
+    assert len(passed) + len(limited) == 8
+    assert 1 <= len(passed) <= 1 + int(elapsed)  # the burst of one, plus what refilled
+    assert limited[0].headers["Retry-After"] == "1"
+    assert limited[0].json()["error"]["type"] == "rate_limit_exceeded"
+    time.sleep(1.0)
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code == 200
+
+
+def test_team_token_limits_count_each_request_by_its_max_tokens(client, gateway, backends):
+    """600 tokens a minute for the team, shared by its keys; a request counts its body's
+    estimated prompt and its ``max_tokens``, and a refused one takes nothing."""
+    _, url = gateway
+    other = "mlk_0000000u_second-key-of-t"
+    publish_keys(
+        client,
+        key_entry(T_KEY, "t"),
+        key_entry(other, "t"),
+        teams={"t": Limits(tokens_per_minute=600)},
+    )
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    time.sleep(1.5)
+    body = {"prompt": "Hi", "max_tokens": 500}  # about 510 tokens with the body's bytes
+    assert (
+        httpx.post(url + "/models/t/m/v1/completions", json=body, headers=AUTH).status_code == 200
+    )
+    refused = httpx.post(
+        url + "/models/t/m/v1/completions", json=body, headers={"X-API-Key": other}
+    )
+    assert refused.status_code == 429
+    # About 420 tokens short at 10 a second: some 42 s to wait.
+    assert 35 <= int(refused.headers["Retry-After"]) <= 45
+    small = {"prompt": "Hi", "max_tokens": 20}
+    assert (
+        httpx.post(url + "/models/t/m/v1/completions", json=small, headers=AUTH).status_code == 200
+    )
+
+
+def test_without_redis_requests_pass_unlimited_on_the_saved_keys(client, backends, tmp_path):
+    """Rate limits need Redis; a gateway that cannot reach it still checks keys (from its saved
+    copy) and serves, and counts what it let through unlimited."""
+    saved, saved_keys = tmp_path / "table.json", tmp_path / "keys.json"
+    files = ("--table-file", str(saved), "--keys-file", str(saved_keys))
+    publish_keys(client, key_entry(T_KEY, "t", limits=Limits(requests_per_second=1)))
+    first, url = start_gateway(settings.REDIS_URL, *files)
+    try:
+        publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+        wait_for(lambda: saved.exists() and saved_keys.exists(), 10, "the saved copies")
+    finally:
+        stop_process_group(first)
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    proc, url = start_gateway(nowhere, *files)
+    try:
+        codes = [httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code for _ in range(5)]
+        assert codes == [200] * 5
+        assert httpx.post(url + "/models/t/m/v1/x").status_code == 401
+        unlimited = [
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(url + "/metrics").text.splitlines()
+            if line.startswith("gateway_rate_limits_unavailable_total")
+        ]
+        assert sum(unlimited) == 5
+    finally:
+        stop_process_group(proc)
