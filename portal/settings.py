@@ -298,6 +298,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3.0,
     },
     "publish-routes": {"task": "portal.deployments.tasks.publish_routes", "schedule": 60.0},
+    "publish-caller-keys": {
+        "task": "portal.deployments.tasks.publish_caller_keys",
+        "schedule": 60.0,
+    },
     "clean-up-versioned": {
         "task": "portal.deployments.tasks.clean_up_versioned",
         "schedule": 300.0,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
+from django.db import models as django_models  # CallerKey.models shadows the module
 from django.utils import timezone
 
 
@@ -38,9 +40,31 @@ class Team(models.Model):
         help_text="GPUs over all live deployments (replicas times the instance type's GPUs); blank "
         "for no limit.",
     )
+    #: Rate limits operators set in the admin, over all of the team's caller keys together,
+    #: enforced by every gateway (:mod:`serving.gateway.ratelimit`); blank means no limit.
+    requests_per_second = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="Requests per second to the team's models, over all its caller keys; blank for "
+        "no limit.",
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens per minute (prompt estimated, plus max_tokens) over all the team's caller "
+        "keys; blank for no limit.",
+    )
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            # The gateways refuse a published key set with a limit of 0 (keys.Limits).
+            models.CheckConstraint(
+                condition=models.Q(requests_per_second__gt=0), name="team_rps_positive"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -95,3 +119,63 @@ class ApiToken(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+
+class CallerKey(models.Model):
+    """A key that callers of the team's deployed models present at the gateway (``mlk_…``).
+
+    Not an :class:`ApiToken`: a caller key cannot act on the portal, and a CI token cannot call
+    a model. As with tokens only the SHA-256 digest is stored and the plaintext is shown once;
+    the portal publishes the digests of the active keys to the gateways
+    (:mod:`portal.deployments.caller_keys`), which check them without asking the database.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="caller_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    requests_per_second = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="Requests per second with this key; blank for no limit (the team's still applies).",
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens per minute with this key; blank for no limit (the team's still applies).",
+    )
+    # Last: the name shadows django.db.models in the rest of the class body. A string reference,
+    # since accounts sits below the registry (pyproject.toml's import contracts).
+    models = models.ManyToManyField(
+        "registry.Model",
+        blank=True,
+        related_name="caller_keys",
+        help_text="The team's models it may call; none selected for all of them.",
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # The gateways refuse a published key set with a limit of 0 (keys.Limits).
+            django_models.CheckConstraint(
+                condition=django_models.Q(requests_per_second__gt=0),
+                name="caller_key_rps_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > timezone.now()

@@ -6,7 +6,8 @@ next. A Redis marker keeps at most one pending task per deployment however often
 and beat's ``redrive_deployments`` restarts the chain of any deployment whose worker died, or
 whose chain Redis lost (a restart without persistence drops the queued tasks and the markers:
 a watched deployment with neither a marker nor a reconcile in progress has nobody coming).
-Beat's ``publish_routes`` rebuilds the routing table from the database now and then.
+Beat's ``publish_routes`` rebuilds the routing table from the database now and then, and
+``publish_caller_keys`` the gateways' caller keys (:mod:`.caller_keys`).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def wake_deployments_of(version: ModelVersion) -> None:
 @shared_task
 def redrive_deployments() -> list[int]:
     """Beat: restart the controller for every deployment not looked at recently, or that no
-    pending task or running reconcile will look at (its chain was lost with Redis's data)."""
-    from portal.deployments import services
+    pending task or running reconcile will look at (its chain was lost with Redis's data).
+    Redis losing its data loses the caller keys too, and every gateway then refuses every
+    caller: they are published again here, within seconds rather than at the next minute."""
+    from portal.deployments import caller_keys, services
     from portal.deployments.controller import lock_key
 
+    caller_keys.republish_if_lost()
     client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:
@@ -79,6 +83,15 @@ def publish_routes() -> int:
     from portal.deployments import routing
 
     return routing.publish()
+
+
+@shared_task
+def publish_caller_keys() -> int:
+    """Beat: publish the caller keys built from the database, the backstop behind the
+    publications after each change (one that failed, or a team's key set lost with Redis)."""
+    from portal.deployments import caller_keys
+
+    return caller_keys.publish_caller_keys()
 
 
 @shared_task
