@@ -59,7 +59,12 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
         # The demo model is registered, copied, packaged and rolled out by the platform itself.
         deployment = wait_for_deployment(port, token, proc, tmp_path / "run.log", timeout=240)
         assert deployment["endpoint"] == f"http://127.0.0.1:{gateway_port}/models/demo/tiny/v1"
-        client = openai.OpenAI(base_url=deployment["endpoint"], api_key="unused")
+        # The demo caller key ./dev run issued; without one the gateway says 401.
+        caller_key = (tmp_path / "var" / "demo-caller-key").read_text().strip()
+        anonymous = openai.OpenAI(base_url=deployment["endpoint"], api_key="no-key", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.models.list()
+        client = openai.OpenAI(base_url=deployment["endpoint"], api_key=caller_key)
         reply = client.chat.completions.create(
             model="demo--tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )

@@ -7,9 +7,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from portal.core.actors import Actor
+from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.models import Deployment
 from portal.deployments.services import create_deployment
 from portal.registry.models import ModelVersion, VersionState
@@ -38,6 +40,8 @@ class RolloutWorld:
     worker: object
     team: object
     instance_type: object
+    #: A caller key of the team for all its models (see :func:`issue_gateway_key`).
+    caller_key: str = ""
 
     def model(self, slug: str = "chat"):
         return create_model(team=self.team, slug=slug, task="chat")
@@ -67,6 +71,11 @@ class RolloutWorld:
             **options,
         )
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The headers of a caller with the world's key."""
+        return {"Authorization": f"Bearer {self.caller_key}"}
+
     def endpoint(self, model, version: int | None = None) -> str:
         path = f"{self.team.slug}/{model.slug}"
         if version is not None:
@@ -74,6 +83,24 @@ class RolloutWorld:
         return f"{self.gateway_url}/models/{path}/v1"
 
     _weights: Path = Path()
+
+
+def issue_gateway_key(team, gateway_url: str) -> str:
+    """A caller key of ``team`` for all its models, issued as the keys page does, once the
+    gateway at ``gateway_url`` accepts it (published when the transaction commits)."""
+    plaintext = issue_caller_key(team=team, name="tests").plaintext
+    wait_for(
+        lambda: (
+            httpx.get(
+                f"{gateway_url}/models/{team.slug}/none/v1/models",
+                headers={"Authorization": f"Bearer {plaintext}"},
+            ).status_code
+            != 401
+        ),
+        10,
+        "the gateway to take the caller key",
+    )
+    return plaintext
 
 
 @pytest.fixture
@@ -108,6 +135,7 @@ def rollout_world(
     world = RolloutWorld(gateway_url, run_root, artifact_root, worker, team, cpu_instance_type)
     world._weights = demo_weights
     try:
+        world.caller_key = issue_gateway_key(team, gateway_url)
         yield world
     finally:
         stop_process_group(world.worker)  # type: ignore[arg-type]

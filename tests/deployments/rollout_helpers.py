@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from tritonclient.http import InferenceServerClientPlugin
 
 from portal.deployments.models import Deployment, Instance
 from tests.conftest import die_with_pytest
@@ -70,6 +71,17 @@ def start_gateway(
     return proc, f"http://127.0.0.1:{port}"
 
 
+class BearerKey(InferenceServerClientPlugin):
+    """Sends a caller key with every request of a tritonclient client
+    (``client.register_plugin(BearerKey(key))``)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, request) -> None:
+        request.headers["Authorization"] = f"Bearer {self.key}"
+
+
 def instance_processes(run_root: Path) -> dict[str, psutil.Process]:
     """Every instance process still alive under the launcher's run directory, by name."""
     alive = {}
@@ -108,6 +120,8 @@ class Load:
     url: str
     model: str
     clients: int = 3
+    #: The caller key sent as ``Authorization: Bearer``.
+    key: str = ""
     results: list[Result] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _paused: threading.Event = field(default_factory=threading.Event)
@@ -129,7 +143,8 @@ class Load:
 
     def _run(self) -> None:
         body = {"model": self.model, "prompt": "Hello", "max_tokens": 3}
-        with httpx.Client(timeout=60) as client:
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        with httpx.Client(timeout=60, headers=headers) as client:
             while not self._stop.is_set():
                 with self._lock:  # checked and counted at once: quiet() sees every start
                     paused = self._paused.is_set()

@@ -24,7 +24,7 @@ from portal.metrics import services as metrics
 from portal.metrics.services import scrape_live_instances
 from portal.web.snippets import call_context
 from tests.deployments.conftest import USER
-from tests.deployments.rollout_helpers import explain, live_instances, wait_for
+from tests.deployments.rollout_helpers import BearerKey, explain, live_instances, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,8 +75,9 @@ class KServeLoad:
     """Callers sending tritonclient HTTP requests through the gateway until stopped; each
     answer's factor (Y / X) is counted, each exception kept."""
 
-    def __init__(self, url: str, clients: int = 2) -> None:
+    def __init__(self, url: str, key: str, clients: int = 2) -> None:
         self.url = url
+        self.key = key
         self.factors: Counter[float] = Counter()
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -94,6 +95,7 @@ class KServeLoad:
 
     def _run(self) -> None:
         client = httpclient.InferenceServerClient(self.url, network_timeout=60)
+        client.register_plugin(BearerKey(self.key))
         while not self._stop.is_set():
             try:
                 y = http_infer(client, [1.0, 2.0])
@@ -103,7 +105,9 @@ class KServeLoad:
             time.sleep(0.01)
 
 
-def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_world, settings):
+def test_a_python_backend_version_deploys_serves_and_rolls_red_black(
+    rollout_world, settings, monkeypatch
+):
     world = rollout_world
     model = world.model("scaler")
     assert f"{model.team.slug}--{model.slug}" == SERVED_NAME
@@ -130,6 +134,8 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
     serving(1)
     gateway_v2 = world.gateway_url.removeprefix("http://") + f"/models/search/{model.slug}"
     http = httpclient.InferenceServerClient(gateway_v2)
+    assert not http.is_model_ready(SERVED_NAME)  # no caller key: 401
+    http.register_plugin(BearerKey(world.caller_key))
     assert http.is_model_ready(SERVED_NAME)
     assert http_infer(http, [1.5, -2.0]).tolist() == [1.5, -2.0]
     metadata = http.get_model_metadata(SERVED_NAME)
@@ -147,6 +153,7 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
         http.infer(SERVED_NAME, [wrong])
     # The programs the deployment page shows run as shown, over HTTP and gRPC.
     settings.GATEWAY_URL = world.gateway_url
+    monkeypatch.setenv("MODEL_API_KEY", world.caller_key)  # where the snippets read the key
     context = call_context(deployment)
     assert context["kserve"].kserve_grpc == [instance.endpoints["kserve_grpc"]]
     for snippet in (context["snippet_http"], context["snippet_grpc"]):
@@ -172,7 +179,7 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(rollout_wor
     with pytest.raises(ValidationError, match="changes the model's interface"):
         services.update_deployment(deployment, actor=USER, version=changed)
 
-    with KServeLoad(gateway_v2) as load:
+    with KServeLoad(gateway_v2, world.caller_key) as load:
         time.sleep(1)
         services.update_deployment(deployment, actor=USER, version=v2)
         serving(2)

@@ -96,7 +96,7 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
     deployment = world.deploy(model, v1, replicas=2, stages=[25, 50, 100], bake_seconds=4)
     serving(deployment, 1)
     settled(world, deployment, 2)
-    with Load(world.endpoint(model), SERVED_NAME, clients=3) as load:
+    with Load(world.endpoint(model), SERVED_NAME, clients=3, key=world.caller_key) as load:
         time.sleep(1)
         services.update_deployment(deployment, actor=USER, version=v2)
         serving(deployment, 2, timeout=180)
@@ -126,7 +126,7 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
     )
 
     # An operator rollback: v1 is restored at full size before any v2 instance goes.
-    with Load(world.endpoint(model), SERVED_NAME, clients=3) as load:
+    with Load(world.endpoint(model), SERVED_NAME, clients=3, key=world.caller_key) as load:
         services.act(deployment, Action.ROLLBACK, actor=USER, reason="bad answers")
         serving(deployment, 1, timeout=180)
         time.sleep(0.5)
@@ -139,7 +139,7 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
 
 def test_a_version_that_never_becomes_healthy_is_rolled_back(chat):
     world, model, _v1, v2, deployment = chat
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         # A real instance needs several seconds to load; a 1 s deadline is a health deadline
         # breach as a hung GPU load would be.
         services.update_deployment(deployment, actor=USER, version=v2, health_deadline_seconds=1)
@@ -168,7 +168,7 @@ def kill_between_requests(load: Load, world, instance) -> None:
 def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
     world, model, _v1, v2, deployment = chat
     services.update_deployment(deployment, actor=USER, bake_seconds=60)
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
         wait_for(
             lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
@@ -202,7 +202,7 @@ def test_a_killed_serving_instance_is_replaced(rollout_world):
     v1 = world.version(model)
     deployment = world.deploy(model, v1, replicas=2, bake_seconds=0)
     serving(deployment, 1)
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         victim = live_instances(deployment)[0]
         kill_between_requests(load, world, victim)
         ready_again(deployment, v1, 2, victim.name)
@@ -216,7 +216,7 @@ def test_a_killed_serving_instance_is_replaced(rollout_world):
 def test_a_killed_old_instance_is_replaced_mid_rollout_and_the_rollout_goes_on(chat):
     world, model, v1, v2, deployment = chat
     services.update_deployment(deployment, actor=USER, bake_seconds=600)
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
         wait_for(
             lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
@@ -237,7 +237,7 @@ def test_a_killed_old_instance_is_replaced_mid_rollout_and_the_rollout_goes_on(c
 def test_an_error_rate_breach_during_the_bake_rolls_back(chat):
     world, model, _v1, v2, deployment = chat
     services.update_deployment(deployment, actor=USER, bake_seconds=60, max_error_rate=0.2)
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
         wait_for(
             lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
@@ -256,7 +256,7 @@ def test_an_error_rate_breach_during_the_bake_rolls_back(chat):
 
 def test_a_rollout_survives_its_worker_being_killed(chat):
     world, model, _v1, v2, deployment = chat
-    with Load(world.endpoint(model), SERVED_NAME) as load:
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         services.update_deployment(deployment, actor=USER, version=v2)
         wait_for(
             lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
@@ -277,11 +277,12 @@ def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
     """FLUSHDB mid-rollout (a Redis restart without persistence): the routing table, the
     controller's markers and locks, the queued tasks and Celery's bindings are gone."""
     world, model, _v1, v2, deployment = chat
-    saved = tmp_path / "gateway-table.json"
-    saver, _ = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+    saved, saved_keys = tmp_path / "gateway-table.json", tmp_path / "gateway-keys.json"
+    files = ("--table-file", str(saved), "--keys-file", str(saved_keys))
+    saver, _ = start_gateway(settings.REDIS_URL, *files)
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        with Load(world.endpoint(model), SERVED_NAME) as load:
+        with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
             services.update_deployment(deployment, actor=USER, version=v2)
             wait_for(
                 lambda: in_bake(deployment, 1),
@@ -289,16 +290,19 @@ def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
                 "the 50% stage",
                 explain=lambda: why(deployment),
             )
-            wait_for(saved.exists, 10, "the gateway's saved table")
+            wait_for(
+                lambda: saved.exists() and saved_keys.exists(), 10, "the gateway's saved copies"
+            )
             client.flushdb()
-            fresh, fresh_url = start_gateway(settings.REDIS_URL, "--table-file", str(saved))
+            fresh, fresh_url = start_gateway(settings.REDIS_URL, *files)
             try:
                 answer = httpx.post(
                     f"{fresh_url}/models/{world.team.slug}/{model.slug}/v1/completions",
                     json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
+                    headers=world.auth,
                     timeout=30,
                 )
-                assert answer.status_code == 200, answer.text  # from the saved copy
+                assert answer.status_code == 200, answer.text  # from the saved copies
             finally:
                 stop_process_group(fresh)
             redrive_deployments.delay()  # what beat does every 3 s
@@ -323,6 +327,7 @@ def test_versioned_versions_serve_side_by_side_and_idle_old_ones_are_cleaned_up(
         answer = httpx.post(
             world.endpoint(model, number) + "/completions",
             json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
+            headers=world.auth,
             timeout=30,
         )
         assert answer.status_code == 200, answer.text
@@ -337,6 +342,8 @@ def test_versioned_versions_serve_side_by_side_and_idle_old_ones_are_cleaned_up(
     assert state(new).observed_state == "serving"
     wait_for(lambda: not live_instances(old), 60, "v1's instances to stop")
     assert (
-        httpx.post(world.endpoint(model, 1) + "/completions", json={}, timeout=10).status_code
+        httpx.post(
+            world.endpoint(model, 1) + "/completions", json={}, headers=world.auth, timeout=10
+        ).status_code
         == 404
     )

@@ -161,6 +161,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
                     "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 8,
                 },
+                headers=rollout_world.auth,
                 timeout=60,
             )
             assert answer.status_code == 200, answer.text
@@ -237,7 +238,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
 
 
 def test_an_author_deploys_the_embedding_demo_and_calls_it_from_the_snippet_shown(
-    rollout_world, live_server, member, browser_page, settings, capsys
+    rollout_world, live_server, member, browser_page, settings, capsys, monkeypatch
 ):
     """The Python-backend path in the browser: the embedding demo registered with its I/O spec
     and model.py through the forms, deployed Red-Black, and called by running the tritonclient
@@ -278,6 +279,7 @@ def test_an_author_deploys_the_embedding_demo_and_calls_it_from_the_snippet_show
     assert page.get_by_test_id("kserve-http").inner_text().endswith("/models/search/embed")
 
     program = page.get_by_test_id("snippet-http").inner_text()
+    monkeypatch.setenv("MODEL_API_KEY", rollout_world.caller_key)  # as the page tells callers
     capsys.readouterr()
     exec(compile(program, "snippet", "exec"), {})
     printed = capsys.readouterr().out
