@@ -12,5 +12,6 @@ router.register("versions", views.VersionViewSet, basename="version")
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("events", views.EventViewSet, basename="event")
 router.register("instances", views.InstanceViewSet, basename="instance")
+router.register("caller-keys", views.CallerKeyViewSet, basename="caller-key")
 
 urlpatterns = [path("", include(router.urls))]

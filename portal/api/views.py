@@ -19,12 +19,13 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from portal.accounts.access import Access, access_for, default_team
-from portal.accounts.models import Team
+from portal.accounts.models import CallerKey, Team
 from portal.api import filters, idempotency
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.api.schema import CONFLICT, error
 from portal.core.actors import Actor
+from portal.deployments import caller_keys
 from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
@@ -94,6 +95,20 @@ class ScopedViewSet(viewsets.GenericViewSet):
         return Response(
             serializer_class(obj, context=self.get_serializer_context()).data, status=status_code
         )
+
+    def _team_for_create(self, slug: str | None) -> Team:
+        """The team a create call names, or, naming none, the caller's only writable team."""
+        if slug is None:
+            team = default_team(self.access)
+            if team is None:
+                raise ValidationError(
+                    {"team": ["Required: you can write to more than one team, or none."]}
+                )
+            return team
+        team = self.access.filter_teams(Team.objects.all(), "pk").filter(slug=slug).first()
+        if team is None:
+            raise ValidationError({"team": [f"No team {slug!r}."]})
+        return team
 
     def metrics_answer(self, deployments: list[Deployment]) -> Response:
         """The deployments' merged points over the last ``?minutes=``, their sources and the
@@ -169,19 +184,6 @@ class RegisteredModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.Retrie
     def metrics(self, request, pk=None):
         """Serving metrics of all the model's deployments merged, one point per scrape pass."""
         return self.metrics_answer(list(self.get_object().deployments.all()))
-
-    def _team_for_create(self, slug: str | None) -> Team:
-        if slug is None:
-            team = default_team(self.access)
-            if team is None:
-                raise ValidationError(
-                    {"team": ["Required: you can write to more than one team, or none."]}
-                )
-            return team
-        team = self.access.filter_teams(Team.objects.all(), "pk").filter(slug=slug).first()
-        if team is None:
-            raise ValidationError({"team": [f"No team {slug!r}."]})
-        return team
 
 
 class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
@@ -378,3 +380,46 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
     serializer_class = s.InstanceOut
     filterset_class = filters.InstanceFilter
     team_field = "deployment__model__team"
+
+
+class CallerKeyViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """Keys that programs present to the gateway to call the team's models (``Authorization:
+    Bearer mlk_...``). Not API tokens: they cannot call this API, and API tokens cannot call
+    models. The plaintext is in the create answer only; revoking keeps the key listed."""
+
+    queryset = CallerKey.objects.select_related("team", "created_by").prefetch_related("models")
+    serializer_class = s.CallerKeyOut
+
+    # Not @idempotent: a replayed answer is stored, and this one holds the plaintext, which
+    # must never be stored. A retried create makes a second key; revoke the one not kept.
+    @extend_schema(request=s.CallerKeyCreateIn, responses={201: s.CallerKeyCreatedOut})
+    def create(self, request):
+        """Issue a key; the answer's ``key`` is its plaintext, shown this once."""
+        data = self.valid_input(s.CallerKeyCreateIn)
+        team = self._team_for_create(data.pop("team", None))
+        self.require_write(team.pk)
+        try:
+            issued = caller_keys.issue_caller_key(
+                team=team,
+                models=caller_keys.team_models(team, data.pop("models")),
+                created_by=self.actor.user,
+                **data,
+            )
+        except caller_keys.CallerKeyError as exc:
+            raise ValidationError({exc.field or "non_field_errors": [exc.message]}) from exc
+        return Response(
+            s.CallerKeyCreatedOut(
+                issued.key, context={**self.get_serializer_context(), "plaintext": issued.plaintext}
+            ).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+    @extend_schema(request=None, responses={200: s.CallerKeyOut})
+    def destroy(self, request, pk=None):
+        """Revoke the key: gateways refuse it about a second later. It stays listed, revoked;
+        revoking it again changes nothing."""
+        key = self.get_object()
+        self.require_write(key.team_id)
+        caller_keys.revoke_caller_keys(CallerKey.objects.filter(pk=key.pk))
+        key.refresh_from_db()
+        return self.answer(s.CallerKeyOut, key)
