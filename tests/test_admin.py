@@ -13,11 +13,12 @@ from django.core.exceptions import ValidationError
 from django.test import Client, RequestFactory
 from django.urls import reverse
 
-from portal.accounts.models import ApiToken, Membership, Role
+from portal.accounts.models import ApiToken, CallerKey, Membership, Role
 from portal.accounts.tokens import TokenError, authenticate_token, issue_token
 from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
+from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.admin import DeploymentAdmin, EventInline
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
@@ -31,6 +32,7 @@ from portal.deployments.models import (
 from portal.deployments.services import update_deployment
 from portal.registry.models import PlatformRelease
 from portal.registry.services import create_model, register_version
+from serving.gateway import keys as gateway_keys
 from tests.factories import make_deployment
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +115,7 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         type(team): team,
         Membership: Membership.objects.get(user=member),
         ApiToken: issue_token(team=team, name="ci", created_by=member).token,
+        CallerKey: issue_caller_key(team=team, name="app", models=[model], created_by=member).key,
         IdempotencyRecord: IdempotencyRecord.objects.create(
             principal="user:1",
             key="k1",
@@ -248,6 +251,88 @@ def test_creating_a_token_in_the_admin_shows_the_plaintext_once_and_stores_a_dig
 
     # Shown once: the token's own page never shows it again.
     assert plaintext not in client.get(change_url(token)).content.decode()
+
+
+# --- Caller keys ------------------------------------------------------------------------------
+
+
+def test_creating_a_caller_key_in_the_admin_shows_the_plaintext_once_and_publishes_it(
+    client, superuser, team, model, clean_redis, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            reverse("admin:accounts_callerkey_add"),
+            {"team": team.pk, "name": "search-app", "models": [model.pk], "tokens_per_minute": 600},
+            follow=True,
+        )
+    assert response.status_code == 200
+
+    key = CallerKey.objects.get(name="search-app")
+    shown = [m for level, m in messages_of(response) if level == "warning"]
+    assert len(shown) == 1
+    plaintext = shown[0].rsplit(" ", 1)[-1]
+    assert plaintext.startswith(f"mlk_{key.prefix}_")
+    assert key.digest == hashlib.sha256(plaintext.encode()).hexdigest()
+    assert plaintext not in str(CallerKey.objects.filter(pk=key.pk).values().get())
+    assert (key.team, list(key.models.all()), key.tokens_per_minute, key.created_by) == (
+        team,
+        [model],
+        600,
+        superuser,
+    )
+    table = gateway_keys.parse(clean_redis.get("gateway:keys"))
+    assert table.authenticate(plaintext, "search/ranker").key.limits.tokens_per_minute == 600
+
+    assert plaintext not in client.get(change_url(key)).content.decode()
+    assert plaintext not in client.get(changelist(CallerKey)).content.decode()
+
+
+def test_a_caller_key_for_another_teams_model_is_refused_in_the_form(client, other_team, model):
+    response = client.post(
+        reverse("admin:accounts_callerkey_add"),
+        {"team": other_team.pk, "name": "sneaky", "models": [model.pk]},
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "can only call its own models" in response.content.decode()
+    assert not CallerKey.objects.exists()
+
+
+def test_caller_key_revoke_action_unpublishes_the_key(
+    client, team, member, clean_redis, django_capture_on_commit_callbacks
+):
+    issued = issue_caller_key(team=team, name="app", created_by=member)
+    with django_capture_on_commit_callbacks(execute=True):
+        messages = run_action(client, CallerKey, "revoke", [issued.key])
+
+    issued.key.refresh_from_db()
+    assert issued.key.revoked_at is not None
+    assert ("info", "Revoked 1 caller key(s).") in messages
+    assert gateway_keys.parse(clean_redis.get("gateway:keys")).keys == {}
+
+
+def test_team_rate_limits_saved_in_the_admin_are_published(
+    client, team, clean_redis, django_capture_on_commit_callbacks
+):
+    page = client.get(change_url(team)).content.decode()
+    assert "Rate limits" in page and "tokens_per_minute" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            change_url(team),
+            {
+                "slug": team.slug,
+                "name": team.name,
+                "requests_per_second": "2.5",
+                "tokens_per_minute": "",
+                "memberships-TOTAL_FORMS": 0,
+                "memberships-INITIAL_FORMS": 0,
+            },
+        )
+    assert response.status_code == 302, response.content.decode()
+    team.refresh_from_db()
+    assert team.requests_per_second == 2.5
+    assert gateway_keys.parse(clean_redis.get("gateway:keys")).teams == {
+        "search": gateway_keys.Limits(2.5, None)
+    }
 
 
 # --- Deployments ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ class MembershipInline(admin.TabularInline):
 class TeamAdmin(admin.ModelAdmin):
     list_display = [
         "slug", "name", "member_count", "max_live_deployments", "max_instances", "max_gpus",
-        "created_at",
+        "requests_per_second", "tokens_per_minute", "created_at",
     ]  # fmt: skip
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
@@ -27,6 +27,15 @@ class TeamAdmin(admin.ModelAdmin):
                 "description": "Checked when a deploy or a scale is asked for; blank for no "
                 "limit. During a Red-Black rollout a stage may run more instances than the "
                 "replicas these count.",
+            },
+        ),
+        (
+            "Rate limits",
+            {
+                "fields": ["requests_per_second", "tokens_per_minute"],
+                "description": "Enforced by the gateways over all the team's caller keys "
+                "together (each key may have its own too); blank for no limit. Saving publishes "
+                "them to the gateways (portal.deployments.caller_keys.team_saved).",
             },
         ),
     ]

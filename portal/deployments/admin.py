@@ -1,7 +1,16 @@
+from django import forms
 from django.contrib import admin, messages
 
+from portal.accounts.models import CallerKey
 from portal.core.actors import Actor
 from portal.core.errors import InvalidTransition
+from portal.deployments.caller_keys import (
+    CallerKeyError,
+    check_key,
+    issue_caller_key,
+    publish_after_commit,
+    revoke_caller_keys,
+)
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.deployments.services import act
@@ -141,3 +150,97 @@ class InstanceAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+class CallerKeyForm(forms.ModelForm):
+    """Refuses, next to the field, what :func:`check_key` refuses (another team's model, a limit
+    of 0, and, for a new key, an expiry already past: an operator may expire an existing key
+    by setting one)."""
+
+    class Meta:
+        model = CallerKey
+        fields = [
+            "team", "name", "models", "expires_at", "requests_per_second", "tokens_per_minute",
+        ]  # fmt: skip
+
+    def clean(self):
+        data = super().clean()
+        if data.get("team") is None:
+            return data
+        try:
+            check_key(
+                team=data["team"],
+                models=data.get("models") or (),
+                expires_at=data.get("expires_at") if self.instance.pk is None else None,
+                requests_per_second=data.get("requests_per_second"),
+                tokens_per_minute=data.get("tokens_per_minute"),
+            )
+        except CallerKeyError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+
+# Registered here, not beside ApiTokenAdmin: keys go through .caller_keys, which the accounts app
+# sits below (pyproject.toml's import contracts).
+@admin.register(CallerKey)
+class CallerKeyAdmin(admin.ModelAdmin):
+    """Caller keys are created here by an operator; the plaintext is shown once, in the message.
+    Every change is published to the gateways once saved."""
+
+    form = CallerKeyForm
+    list_display = [
+        "name", "team", "prefix", "scope", "expires_at", "revoked_at", "limits", "created_at",
+    ]  # fmt: skip
+    list_filter = ["team", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "team__slug"]
+    readonly_fields = ["prefix", "created_by", "created_at", "revoked_at"]
+    fields = [*CallerKeyForm.Meta.fields, *readonly_fields]
+    filter_horizontal = ["models"]
+    actions = ["revoke"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("team").prefetch_related("models")
+
+    @admin.display(description="models")
+    def scope(self, key: CallerKey) -> str:
+        return ", ".join(sorted(m.slug for m in key.models.all())) or "all"
+
+    @admin.display(description="limits")
+    def limits(self, key: CallerKey) -> str:
+        parts = []
+        if key.requests_per_second is not None:
+            parts.append(f"{key.requests_per_second:g} req/s")
+        if key.tokens_per_minute is not None:
+            parts.append(f"{key.tokens_per_minute} tokens/min")
+        return ", ".join(parts) or "-"
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        issued = issue_caller_key(  # the form checked what it refuses
+            team=obj.team,
+            name=obj.name,
+            models=form.cleaned_data["models"],
+            expires_at=obj.expires_at,
+            requests_per_second=obj.requests_per_second,
+            tokens_per_minute=obj.tokens_per_minute,
+            created_by=request.user,
+        )
+        obj.pk = issued.key.pk
+        obj.refresh_from_db()  # the stored row (prefix, digest), for the messages that follow
+        self.message_user(
+            request,
+            f"Caller key created. Copy it now, it will not be shown again: {issued.plaintext}",
+            messages.WARNING,
+        )
+
+    def save_related(self, request, form, formsets, change):
+        if change:  # a new key's models were set by issue_caller_key
+            super().save_related(request, form, formsets, change)
+            publish_after_commit()
+
+    @admin.action(description="Revoke selected caller keys")
+    def revoke(self, request, queryset):
+        count = revoke_caller_keys(queryset)
+        self.message_user(request, f"Revoked {count} caller key(s).")

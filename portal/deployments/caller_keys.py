@@ -72,20 +72,17 @@ def team_models(team: Team, slugs: Iterable[str]) -> list[Model]:
     return [found[slug] for slug in wanted]
 
 
-def issue_caller_key(
+def check_key(
     *,
     team: Team,
-    name: str,
-    models: Iterable[Model] | None = None,
+    models: Iterable[Model] = (),
     expires_at: datetime | None = None,
     requests_per_second: float | None = None,
     tokens_per_minute: int | None = None,
-    created_by=None,
-) -> IssuedCallerKey:
-    """Create a key for ``team``'s ``models`` (None or empty: all of them) and return its
-    plaintext, which is never retrievable again. Gateways accept it once the transaction
-    commits and the set is published."""
-    chosen = list(models or [])
+) -> None:
+    """Refuse (:class:`CallerKeyError`) a key that could not work as asked: scoped to another
+    team's model, with a limit no request could pass, or already expired."""
+    chosen = list(models)
     foreign = sorted(str(m) for m in chosen if m.team_id != team.pk)
     if foreign:
         raise CallerKeyError(
@@ -103,6 +100,29 @@ def issue_caller_key(
         )
     if expires_at is not None and expires_at <= timezone.now():
         raise CallerKeyError("The expiry is already past.", field="expires_at")
+
+
+def issue_caller_key(
+    *,
+    team: Team,
+    name: str,
+    models: Iterable[Model] | None = None,
+    expires_at: datetime | None = None,
+    requests_per_second: float | None = None,
+    tokens_per_minute: int | None = None,
+    created_by=None,
+) -> IssuedCallerKey:
+    """Create a key for ``team``'s ``models`` (None or empty: all of them) and return its
+    plaintext, which is never retrievable again. Gateways accept it once the transaction
+    commits and the set is published."""
+    chosen = list(models or [])
+    check_key(
+        team=team,
+        models=chosen,
+        expires_at=expires_at,
+        requests_per_second=requests_per_second,
+        tokens_per_minute=tokens_per_minute,
+    )
     prefix = secrets.token_hex(4)
     plaintext = f"{gateway_keys.SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic():
