@@ -18,6 +18,7 @@ from portal.deployments.models import InstanceType, Strategy
 from portal.registry.models import (
     ApiSurface,
     Backend,
+    Model,
     ModelVersion,
     TaskKind,
     ToolCallParser,
@@ -221,3 +222,43 @@ class TokenForm(forms.Form):
         label="Expires in (days)",
         help_text="Empty: never expires (revoke it when done).",
     )
+
+
+class CallerKeyForm(forms.Form):
+    """A caller key: which of the team's models it calls, for how long, how fast. What makes a
+    key invalid is :func:`portal.deployments.caller_keys.check_key`'s to say."""
+
+    name = forms.CharField(max_length=100, help_text="What calls with it, e.g. search-app.")
+    models = forms.ModelMultipleChoiceField(
+        queryset=Model.objects.none(),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Models it may call",
+        help_text="None checked: all of the team's models, including ones registered later.",
+    )
+    expires_in_days = forms.IntegerField(
+        min_value=1,
+        max_value=3650,
+        required=False,
+        label="Expires in (days)",
+        help_text="Empty: never expires (revoke it when done).",
+    )
+    requests_per_second = forms.FloatField(
+        min_value=0.001,
+        required=False,
+        label="Requests per second",
+        help_text="Empty: no limit of its own (the team's, if any, still applies).",
+    )
+    tokens_per_minute = forms.IntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        required=False,
+        label="Tokens per minute",
+        help_text="Prompt (estimated) plus max_tokens. Empty: no limit of its own.",
+    )
+
+    def __init__(self, *args: Any, team: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        models_field = cast(forms.ModelMultipleChoiceField, self.fields["models"])
+        models_field.queryset = Model.objects.filter(team=team).order_by("slug")
+        models_field.label_from_instance = lambda model: model.slug  # type: ignore[method-assign]

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.web.views import deployments, registry, tokens
+from portal.web.views import caller_keys, deployments, registry, tokens
 
 app_name = "web"
 
@@ -45,4 +45,6 @@ urlpatterns = [
     ),
     path(team + "tokens/", tokens.tokens, name="tokens"),
     path(team + "tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
+    path(team + "keys/", caller_keys.caller_keys, name="caller_keys"),
+    path(team + "keys/<int:pk>/revoke/", caller_keys.caller_key_revoke, name="caller_key_revoke"),
 ]

@@ -106,6 +106,7 @@ def test_another_teams_pages_are_404(member, other_team, foreign):
     urls = [
         reverse("web:dashboard", args=[other_team.slug]),
         reverse("web:tokens", args=[other_team.slug]),
+        reverse("web:caller_keys", args=[other_team.slug]),
         reverse("web:model_detail", args=[other_team.slug, model.slug]),
         reverse("web:version_detail", args=[other_team.slug, model.slug, version.number]),
         reverse("web:deployment_detail", args=[other_team.slug, deployment.pk]),
@@ -505,6 +506,7 @@ def test_every_form_field_has_a_label(member, team, model, version, cpu_instance
         reverse("web:version_new", args=[team.slug, model.slug]),
         reverse("web:deploy", args=[team.slug, model.slug]),
         reverse("web:tokens", args=[team.slug]),
+        reverse("web:caller_keys", args=[team.slug]),
     ]
     anonymous = Client().get(reverse("web:login")).content.decode()
     for url, html in [(url, client.get(url).content.decode()) for url in pages] + [
