@@ -2,8 +2,12 @@
 
 Each snippet is a complete program: sample inputs of the declared names, wire datatypes and
 shapes (a variable dimension as 1, a leading batch dimension of 1 when the model batches), one
-``infer`` call, and every declared output printed. The deployments' integration test runs the
-HTTP one against a live deployment, so what the page shows is known to work.
+``infer`` call, and every declared output printed. The deployments' integration test runs
+them against a live deployment, so what the page shows is known to work.
+
+The HTTP program goes through the gateway, which wants a caller key: it reads it from the
+environment variable :data:`API_KEY_ENV` (a key pasted into a program ends up in its history).
+The gRPC one calls an instance directly, which the gateway does not stand in front of.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from portal.deployments.models import Deployment
 from portal.deployments.routing import call_endpoints
 from portal.registry.packaging import triton_model_name
 
+#: Where the programs the pages show read the caller key from.
+API_KEY_ENV = "MODEL_API_KEY"
 #: Sample values per config data type: the numpy expression ``np.full`` fills the shape with.
 _SAMPLE_TEXT = "The quick brown fox jumps over the lazy dog."
 _NUMPY_DTYPES = {
@@ -73,6 +79,7 @@ def tritonclient_snippet(
     bf16 = any(t["data_type"] == "TYPE_BF16" for t in io_spec["inputs"])
     lines = [
         *(["import ml_dtypes"] if bf16 else []),
+        *([] if grpc else ["import os", ""]),
         "import numpy as np",
         f"import {module} as {alias}",
         "",
@@ -87,7 +94,13 @@ def tritonclient_snippet(
             f"tensor.set_data_from_numpy({_sample(tensor, shape)})",
             "inputs.append(tensor)",
         ]
-    lines.append(f"result = client.infer({model_name!r}, inputs)")
+    if grpc:
+        lines.append(f"result = client.infer({model_name!r}, inputs)")
+    else:
+        lines += [
+            f'headers = {{"Authorization": f"Bearer {{os.environ[{API_KEY_ENV!r}]}}"}}',
+            f"result = client.infer({model_name!r}, inputs, headers=headers)",
+        ]
     lines += [f"print({t['name']!r}, result.as_numpy({t['name']!r}))" for t in io_spec["outputs"]]
     return "\n".join(lines) + "\n"
 

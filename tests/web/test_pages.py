@@ -324,6 +324,11 @@ def test_the_deployment_page_shows_how_to_call_it(member, team, deployment):
     html = page.content.decode()
     assert "/models/search/ranker/v1" in html and "search--ranker" in html
     assert "OpenAI(base_url=" in html
+    # Called with a caller key from the environment, and a link to where keys are made.
+    assert 'api_key=os.environ["MODEL_API_KEY"]' in html
+    assert '-H "Authorization: Bearer $MODEL_API_KEY"' in html
+    assert "unused" not in html
+    assert f'href="{reverse("web:caller_keys", args=[team.slug])}"' in html
 
 
 def test_a_kserve_only_deployment_shows_its_kserve_endpoints_and_tritonclient_snippets(
@@ -348,7 +353,11 @@ def test_a_kserve_only_deployment_shows_its_kserve_endpoints_and_tritonclient_sn
     assert "InferenceServerClient('127.0.0.1:45001')" in html
     assert "InferInput('TEXT', [1, 1], 'BYTES')" in html
     assert "print('TAGS', result.as_numpy('TAGS'))" in html
-    assert "client.infer('search--ranker', inputs)" in html
+    assert "client.infer('search--ranker', inputs)" in html  # gRPC: straight to the instance
+    # HTTP goes through the gateway: with the caller key from the environment.
+    assert "client.infer('search--ranker', inputs, headers=headers)" in html
+    assert """os.environ['MODEL_API_KEY']""" in html
+    assert reverse("web:caller_keys", args=[team.slug]) in html
 
 
 def test_the_live_fragment_answers_204_until_something_changes(member, team, deployment):

@@ -7,11 +7,19 @@ from __future__ import annotations
 import pytest
 
 from portal.registry.validation import TRITON_DATA_TYPES
-from portal.web.snippets import tritonclient_snippet, wire_datatype
+from portal.web.snippets import API_KEY_ENV, tritonclient_snippet, wire_datatype
+
+#: What a caller exported, as the caller keys page tells them to.
+CALLER_KEY = "mlk_0123abcd_not-a-real-secret"
 
 
-def inputs_built_by(program: str) -> list:
-    """Run the program up to (not including) its client and its call: what it sends."""
+@pytest.fixture(autouse=True)
+def _caller_key(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, CALLER_KEY)
+
+
+def run_without_calling(program: str) -> dict:
+    """Run the program up to (not including) its client and its call: what it would send."""
     kept = [
         line
         for line in program.splitlines()
@@ -19,7 +27,11 @@ def inputs_built_by(program: str) -> list:
     ]
     namespace: dict = {}
     exec(compile("\n".join(kept), "snippet", "exec"), namespace)
-    return namespace["inputs"]
+    return namespace
+
+
+def inputs_built_by(program: str) -> list:
+    return run_without_calling(program)["inputs"]
 
 
 @pytest.mark.parametrize("grpc", [False, True], ids=["http", "grpc"])
@@ -54,3 +66,18 @@ def test_an_https_gateway_is_called_with_ssl():
     assert "InferenceServerClient('gw.example/models/t/m', ssl=True)" in program
     [x] = inputs_built_by(program)
     assert x.shape() == [2]  # no batch dimension: the model does not batch
+
+
+def test_the_http_program_sends_the_caller_key_from_the_environment_and_grpc_none():
+    """The HTTP program goes through the gateway, which checks caller keys; the gRPC one calls
+    an instance directly. The key is read from the environment, never written into the code."""
+    io_spec = {
+        "inputs": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+        "outputs": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
+    }
+    http = tritonclient_snippet(io_spec, "t--m", "http://127.0.0.1:8080/models/t/m")
+    assert run_without_calling(http)["headers"] == {"Authorization": f"Bearer {CALLER_KEY}"}
+    assert "client.infer('t--m', inputs, headers=headers)" in http
+    assert CALLER_KEY not in http
+    grpc = tritonclient_snippet(io_spec, "t--m", "127.0.0.1:8001", grpc=True)
+    assert "headers" not in run_without_calling(grpc) and API_KEY_ENV not in grpc
