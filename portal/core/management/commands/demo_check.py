@@ -1,7 +1,8 @@
 """What ``./dev demo`` runs once the platform is up: wait for the demo deployment to serve,
 call it as the README shows (the official ``openai`` client, plain and with a JSON-schema
 ``response_format``), call the embedding demo (when ``bootstrap_demo`` deployed one) with
-``tritonclient`` through the gateway, and take screenshots of the main pages when a browser is
+``tritonclient`` through the gateway, both with the caller key ``bootstrap_demo`` saved to
+``var/demo-caller-key``, and take screenshots of the main pages when a browser is
 installed.
 
 It exits non-zero with the reason when any step fails, so it doubles as a smoke test.
@@ -58,6 +59,7 @@ class Command(BaseCommand):
         from portal.registry.models import Model
         from portal.registry.packaging import triton_model_name
 
+        self.caller_key = self._caller_key()
         base_url = endpoint_url(deployment)
         model = triton_model_name(deployment.target_version)
         self.stdout.write(f"==> the demo deployment serves at {base_url} (model {model})")
@@ -96,10 +98,20 @@ class Command(BaseCommand):
             f"{deployment.status_message if deployment else ''})."
         )
 
+    def _caller_key(self) -> str:
+        """The demo's caller key, as a caller keeps it: outside the code."""
+        path = settings.VAR_DIR / "demo-caller-key"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            raise CommandError(
+                f"No caller key in {path}: run `manage.py bootstrap_demo` first."
+            ) from None
+
     def _call(self, base_url: str, model: str) -> None:
         import openai
 
-        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=2)
+        client = openai.OpenAI(base_url=base_url, api_key=self.caller_key, max_retries=2)
         messages: Any = [{"role": "user", "content": "Pick a colour"}]
         try:
             plain = client.chat.completions.create(model=model, messages=messages, max_tokens=12)
@@ -129,7 +141,8 @@ class Command(BaseCommand):
         tensor.set_data_from_numpy(np.array(texts, dtype=object).reshape(-1, 1))
         try:
             client = httpclient.InferenceServerClient(url.split("://", 1)[1])
-            vectors = client.infer(model, [tensor]).as_numpy("EMBEDDING")
+            headers = {"Authorization": f"Bearer {self.caller_key}"}
+            vectors = client.infer(model, [tensor], headers=headers).as_numpy("EMBEDDING")
         except (InferenceServerException, OSError) as exc:
             raise CommandError(f"Calling {url} failed: {exc}") from exc
         if vectors is None or vectors.shape[0] != len(texts):
