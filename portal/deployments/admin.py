@@ -164,7 +164,8 @@ class CallerKeyForm(forms.ModelForm):
         ]  # fmt: skip
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("team") is None:
             return data
         try:

@@ -224,12 +224,19 @@ class TokenForm(forms.Form):
     )
 
 
+class ModelSlugsField(forms.ModelMultipleChoiceField):
+    """Models listed by slug: the form is about one team's."""
+
+    def label_from_instance(self, obj: Any) -> str:
+        return obj.slug
+
+
 class CallerKeyForm(forms.Form):
     """A caller key: which of the team's models it calls, for how long, how fast. What makes a
     key invalid is :func:`portal.deployments.caller_keys.check_key`'s to say."""
 
     name = forms.CharField(max_length=100, help_text="What calls with it, e.g. search-app.")
-    models = forms.ModelMultipleChoiceField(
+    models = ModelSlugsField(
         queryset=Model.objects.none(),
         required=False,
         widget=forms.CheckboxSelectMultiple,
@@ -259,6 +266,5 @@ class CallerKeyForm(forms.Form):
 
     def __init__(self, *args: Any, team: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        models_field = cast(forms.ModelMultipleChoiceField, self.fields["models"])
+        models_field = cast(ModelSlugsField, self.fields["models"])
         models_field.queryset = Model.objects.filter(team=team).order_by("slug")
-        models_field.label_from_instance = lambda model: model.slug  # type: ignore[method-assign]
