@@ -212,6 +212,7 @@ class Gateway:
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         path, rest = split_path(request.match_info["tail"])
+        kserve = rest.startswith("v2/")
         # The key first: a caller without one learns nothing, not even which models exist.
         try:
             caller = self.keys.authenticate(
@@ -221,13 +222,17 @@ class Gateway:
                 path,
             )
         except Refused as refused:
-            response = self._error(path, refused.status, refused.message, refused.kind)
+            response = self._error(
+                path, refused.status, refused.message, refused.kind, kserve=kserve
+            )
             if refused.status == 401:
                 response.headers["WWW-Authenticate"] = 'Bearer realm="models"'
             return response
         state = self.routes.get(path)
         if state is None:
-            return self._error(path, 404, f"No model is served at /models/{path}/.", "not_found")
+            return self._error(
+                path, 404, f"No model is served at /models/{path}/.", "not_found", kserve=kserve
+            )
         kind = (
             "openai" if rest.startswith("v1/") else "kserve_http" if rest.startswith("v2/") else ""
         )
@@ -237,20 +242,23 @@ class Gateway:
                 404,
                 "Paths under a model start with v1/ (OpenAI) or v2/ (KServe).",
                 "not_found",
+                kserve=kserve,
             )
         candidates = [(g, b) for g, b in state.candidates() if getattr(b, kind)]
         if not candidates:
-            return self._error(path, 503, f"no ready instance for route {path}", "unavailable")
+            return self._error(
+                path, 503, f"no ready instance for route {path}", "unavailable", kserve=kserve
+            )
         self.seen[path] = time.time()
         too_large = (
             f"the request body is larger than the gateway's limit of {self.max_body_bytes} bytes"
         )
         if (request.content_length or 0) > self.max_body_bytes:
-            return self._error(path, 413, too_large, "request_too_large")
+            return self._error(path, 413, too_large, "request_too_large", kserve=kserve)
         try:
             body = await request.read()  # aiohttp stops at client_max_size (chunked bodies)
         except web.HTTPRequestEntityTooLarge:
-            return self._error(path, 413, too_large, "request_too_large")
+            return self._error(path, 413, too_large, "request_too_large", kserve=kserve)
         wanted = buckets(caller, estimate_tokens(body), self.prefix) if self.limiter else []
         if wanted:
             assert self.limiter is not None
@@ -266,6 +274,7 @@ class Gateway:
                         "Rate limit reached for this key or its team; retry after "
                         f"{verdict.retry_after_header} s.",
                         "rate_limit_exceeded",
+                        kserve=kserve,
                     )
                     limited.headers["Retry-After"] = verdict.retry_after_header
                     return limited
@@ -304,12 +313,20 @@ class Gateway:
                     self.metrics.retries.labels(path).inc()
                     continue
                 return self._error(
-                    path, 503, f"no instance of route {path} accepted the connection", "unavailable"
+                    path,
+                    503,
+                    f"no instance of route {path} accepted the connection",
+                    "unavailable",
+                    kserve=kind == "kserve_http",
                 )
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.metrics.upstream_errors.labels(path).inc()
                 return self._error(
-                    path, 502, f"instance {backend.name} failed: {exc!r}", "upstream_error"
+                    path,
+                    502,
+                    f"instance {backend.name} failed: {exc!r}",
+                    "upstream_error",
+                    kserve=kind == "kserve_http",
                 )
             return await self._relay(request, path, group, backend, upstream)
         raise AssertionError("unreachable: candidates is not empty")
@@ -337,7 +354,11 @@ class Gateway:
             self.metrics.upstream_errors.labels(path).inc()
             if not response.prepared:
                 return self._error(
-                    path, 502, f"instance {backend.name} failed: {exc!r}", "upstream_error"
+                    path,
+                    502,
+                    f"instance {backend.name} failed: {exc!r}",
+                    "upstream_error",
+                    kserve=split_path(request.match_info["tail"])[1].startswith("v2/"),
                 )
             # The answer broke off after it began: the caller's connection is cut too, as it
             # would be by the instance itself, so a partial body never looks complete. It is
@@ -350,9 +371,17 @@ class Gateway:
         self.metrics.requests.labels(path, str(upstream.status)).inc()
         return response
 
-    def _error(self, path: str, status: int, message: str, kind: str) -> web.Response:
+    def _error(
+        self, path: str, status: int, message: str, kind: str, *, kserve: bool = False
+    ) -> web.Response:
+        """An answer of the gateway's own, in the shape the caller's protocol uses: OpenAI's
+        ``{"error": {"message", "type"}}``, or KServe v2's ``{"error": message}`` under
+        ``v2/`` (tritonclient reads that string as the error's message)."""
         self.metrics.requests.labels(path, str(status)).inc()
-        return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+        body: dict[str, object] = (
+            {"error": message} if kserve else {"error": {"message": message, "type": kind}}
+        )
+        return web.json_response(body, status=status)
 
 
 def split_path(tail: str) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from django.core.exceptions import ValidationError
 from django.utils import timezone
+from tritonclient.utils import InferenceServerException
 
 from portal.deployments import services
 from portal.deployments.rollout_health import scrape_counts
@@ -135,6 +136,8 @@ def test_a_python_backend_version_deploys_serves_and_rolls_red_black(
     gateway_v2 = world.gateway_url.removeprefix("http://") + f"/models/search/{model.slug}"
     http = httpclient.InferenceServerClient(gateway_v2)
     assert not http.is_model_ready(SERVED_NAME)  # no caller key: 401
+    with pytest.raises(InferenceServerException, match="caller key is required"):
+        http.get_model_metadata(SERVED_NAME)
     http.register_plugin(BearerKey(world.caller_key))
     assert http.is_model_ready(SERVED_NAME)
     assert http_infer(http, [1.5, -2.0]).tolist() == [1.5, -2.0]
