@@ -10,7 +10,9 @@ script run with ``--backend``), so what is timed is the path, not a model: an in
 time only adds to both sides. The gateway runs as a real process following a real Redis table
 with one route and that backend. Sequential requests (one client, keep-alive) and 8 concurrent
 clients, each side in turn; p50/p99 per request from the call to the last byte. The overhead is
-``p50(gateway) - p50(direct)``.
+``p50(gateway) - p50(direct)``, with a caller key checked on every request; ``gateway+limits``
+uses a key whose rate limits are never reached but are taken from Redis's token buckets on every
+request, so its difference from ``gateway`` is what the limits cost.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def timed(url: str, total: int, clients: int) -> list[float]:
+async def timed(
+    url: str, total: int, clients: int, headers: dict[str, str] | None = None
+) -> list[float]:
     import httpx
 
     body = {"model": "bench--chat", "prompt": "Hello", "max_tokens": 2}
@@ -71,7 +75,9 @@ async def timed(url: str, total: int, clients: int) -> list[float]:
             latencies.append((time.perf_counter() - start) * 1000)
             assert answer.status_code == 200, answer.text
 
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients)) as client:
+    async with httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=clients), headers=headers
+    ) as client:
         for _ in range(20):  # warm-up
             await client.post(url, json=body)
         await asyncio.gather(*(one_client(client) for _ in range(clients)))
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import redis
 
-    from serving.gateway import table
+    from serving.gateway import keys, table
 
     total = 500 if args.quick else 3000
     backend_port, gateway_port = free_port(), free_port()
@@ -129,12 +135,26 @@ def main(argv: list[str] | None = None) -> None:
         wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
         backends = [table.Backend("b", openai=direct)]
         table.publish(client, [table.RouteEntry("bench/chat", [table.Group("v1", 100, backends)])])
+        # Two caller keys: one without limits (the key check alone), one whose limits are never
+        # reached but must be taken from Redis's buckets on every request.
+        plain, limited = "mlk_benchkey_plain", "mlk_benchlim_limited"
+        high = keys.Limits(requests_per_second=1e6, tokens_per_minute=10**12)
+        entries = [
+            keys.KeyEntry("benchkey", keys.digest(plain), "bench"),
+            keys.KeyEntry("benchlim", keys.digest(limited), "bench", limits=high),
+        ]
+        keys.publish(client, keys.document(entries, {}))
         time.sleep(0.5)
         via = f"http://127.0.0.1:{gateway_port}/models/bench/chat/v1/completions"
+        paths = (
+            ("direct", direct + "/v1/completions", None),
+            ("gateway", via, {"Authorization": f"Bearer {plain}"}),
+            ("gateway+limits", via, {"Authorization": f"Bearer {limited}"}),
+        )
         rows: list[dict[str, Any]] = []
         for clients in (1, 8):
-            for name, url in (("direct", direct + "/v1/completions"), ("gateway", via)):
-                latencies = asyncio.run(timed(url, total, clients))
+            for name, url, headers in paths:
+                latencies = asyncio.run(timed(url, total, clients, headers))
                 rows.append(
                     {
                         "clients": clients,
@@ -150,17 +170,21 @@ def main(argv: list[str] | None = None) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
         client.flushdb()
+
+    def p50(clients: int, path: str) -> float:
+        return next(r["p50_ms"] for r in rows if r["clients"] == clients and r["path"] == path)
+
     overhead = {
-        clients: round(
-            next(r["p50_ms"] for r in rows if r["clients"] == clients and r["path"] == "gateway")
-            - next(r["p50_ms"] for r in rows if r["clients"] == clients and r["path"] == "direct"),
-            3,
-        )
+        clients: round(p50(clients, "gateway") - p50(clients, "direct"), 3) for clients in (1, 8)
+    }
+    limits_cost = {
+        clients: round(p50(clients, "gateway+limits") - p50(clients, "gateway"), 3)
         for clients in (1, 8)
     }
     result = {
         "rows": rows,
         "p50_overhead_ms": overhead,
+        "p50_rate_limit_cost_ms": limits_cost,
         "goal": "p50 overhead under 1 ms",
         "met": overhead[1] < 1.0,
         "machine": machine_info(("aiohttp", "uvloop", "httpx")),
@@ -173,7 +197,12 @@ def main(argv: list[str] | None = None) -> None:
         f"| {r['clients']} | {r['path']} | {r['requests']} | {r['p50_ms']} | {r['p99_ms']} |"
         for r in rows
     ]
-    lines += ["", f"p50 overhead (ms): 1 client {overhead[1]}, 8 clients {overhead[8]}", ""]
+    lines += [
+        "",
+        f"p50 overhead (ms): 1 client {overhead[1]}, 8 clients {overhead[8]}",
+        f"p50 cost of the rate limits (ms): 1 client {limits_cost[1]}, 8 clients {limits_cost[8]}",
+        "",
+    ]
     (args.out / "gateway_overhead.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
