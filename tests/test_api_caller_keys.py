@@ -136,3 +136,9 @@ def test_delete_revokes_and_keeps_the_key_listed(
     table = gateway_keys.parse(clean_redis.get("gateway:keys"))
     with pytest.raises(gateway_keys.Refused):
         table.authenticate(issued.plaintext, "search/ranker")
+
+
+def test_a_caller_key_presented_to_the_api_is_refused_saying_what_it_is(api, team):
+    plaintext = issue_caller_key(team=team, name="app").plaintext
+    error = api_error(api(plaintext).get("/api/v1/models/"), 401, "authentication_failed")
+    assert "caller key" in error["message"] and "mlp_" in error["message"]

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.accounts.models import ApiToken, Role, Team
+from serving.gateway.keys import SCHEME as CALLER_KEY_SCHEME  # named when presented here
 
 TOKEN_SCHEME = "mlp"
 #: ``last_used_at`` is written at most this often per token, not on every request.
@@ -63,6 +64,11 @@ def issue_token(
 def authenticate_token(plaintext: str) -> ApiToken:
     """Return the active token matching ``plaintext`` or raise :class:`TokenError`."""
     parts = plaintext.split("_", 2)
+    if parts[0] == CALLER_KEY_SCHEME:
+        raise TokenError(
+            "This is a caller key (mlk_...), for calling models at the gateway; the portal's API "
+            "takes a team API token (mlp_...)."
+        )
     if len(parts) != 3 or parts[0] != TOKEN_SCHEME or not parts[1]:
         raise TokenError("Malformed API token.")
     token = ApiToken.objects.select_related("team").filter(prefix=parts[1]).first()
