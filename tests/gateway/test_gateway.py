@@ -56,36 +56,6 @@ def gateway(client):
     stop_process_group(proc)
 
 
-@pytest.fixture
-def backends():
-    """Start backends by name; each is a real server process on its own port."""
-    started: list[subprocess.Popen] = []
-
-    def start(name: str) -> Backend:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.gateway.backend", "--port", str(port), "--name", name],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        started.append(proc)
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/v1/count").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 30, f"backend {name}")
-        return Backend(name, openai=url, kserve_http=url)
-
-    yield start
-    for proc in started:
-        stop_process_group(proc)
-
-
 def publish(client, url: str, *routes: RouteEntry) -> int:
     """Publish, and wait until every gateway process has the table (as the controller does: a
     process's /healthz speaks only for itself)."""
