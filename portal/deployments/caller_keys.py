@@ -8,14 +8,16 @@ stored, the plaintext is shown once.
 The gateways never ask the database: :func:`publish_caller_keys` writes the whole set of
 active keys, and the teams' limits, to Redis (:mod:`serving.gateway.keys`) after every change
 is committed, and each gateway swaps the new set in within about a second. The whole set is
-rebuilt from the database each time (a few thousand keys are a few hundred kilobytes), so a
+rebuilt from the database each time (about 250 bytes a key: 1,000 keys are 250 kB), so a
 publication that failed or was lost is simply replaced by the next one: beat publishes every
 minute, and ``redrive_deployments`` every few seconds when Redis lost the set (a restart
 without persistence), so gateways do not refuse every caller for long.
 
 Team limits are set by operators in the admin; a Team saved there publishes through the
-``post_save`` hook :func:`team_saved` (connected in ``DeploymentsConfig.ready``: the accounts
-app sits below this one and cannot call it).
+``post_save`` hook :func:`team_saved`, and a key or a model deleted through :func:`key_deleted`
+and :func:`model_deleted` (connected in ``DeploymentsConfig.ready``: the accounts app sits below
+this one and cannot call it). Keys themselves are changed through this module or the admin
+(``CallerKeyAdmin``, in this app's admin for the same reason), which publish explicitly.
 """
 
 from __future__ import annotations
