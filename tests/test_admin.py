@@ -18,8 +18,8 @@ from portal.accounts.tokens import TokenError, authenticate_token, issue_token
 from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
-from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.admin import DeploymentAdmin, EventInline
+from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
     Deployment,
@@ -308,6 +308,20 @@ def test_caller_key_revoke_action_unpublishes_the_key(
     assert issued.key.revoked_at is not None
     assert ("info", "Revoked 1 caller key(s).") in messages
     assert gateway_keys.parse(clean_redis.get("gateway:keys")).keys == {}
+
+
+def test_a_caller_key_changed_in_the_admin_is_published_again(
+    client, team, member, model, clean_redis, django_capture_on_commit_callbacks
+):
+    issued = issue_caller_key(team=team, name="app", created_by=member)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            change_url(issued.key),
+            {"team": team.pk, "name": "app", "models": [model.pk], "requests_per_second": "0.5"},
+        )
+    assert response.status_code == 302, response.content.decode()
+    [entry] = gateway_keys.parse(clean_redis.get("gateway:keys")).keys.values()
+    assert (entry.models, entry.limits) == (("ranker",), gateway_keys.Limits(0.5, None))
 
 
 def test_team_rate_limits_saved_in_the_admin_are_published(
