@@ -112,9 +112,9 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
         "stage_percent": None,
         "traffic": {},
         "status_message": "",
-        "endpoint": "http://127.0.0.1:8080/models/search/ranker/v1",
+        "endpoint": "http://127.0.0.1:8080/models/search/ranker",
         "call": {
-            "openai": "http://127.0.0.1:8080/models/search/ranker/v1",
+            "openai": "http://127.0.0.1:8080/models/search/ranker",
             "kserve_http": "http://127.0.0.1:8080/models/search/ranker",
             "kserve_grpc": [],
         },

@@ -58,7 +58,7 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
         assert [team["slug"] for team in teams["results"]] == ["demo"]
         # The demo model is registered, copied, packaged and rolled out by the platform itself.
         deployment = wait_for_deployment(port, token, proc, tmp_path / "run.log", timeout=240)
-        assert deployment["endpoint"] == f"http://127.0.0.1:{gateway_port}/models/demo/tiny/v1"
+        assert deployment["endpoint"] == f"http://127.0.0.1:{gateway_port}/models/demo/tiny"
         # The demo caller key ./dev run issued; without one the gateway says 401.
         caller_key = (tmp_path / "var" / "demo-caller-key").read_text().strip()
         anonymous = openai.OpenAI(base_url=deployment["endpoint"], api_key="no-key", max_retries=0)
@@ -103,7 +103,7 @@ def wait_for_deployment(port: int, token: str, proc, log: Path, timeout: float) 
             f"http://127.0.0.1:{port}/api/v1/deployments/",
             headers={"Authorization": f"Bearer {token}"},
         ).json()
-        tiny = [d for d in answer["results"] if d["endpoint"].endswith("/models/demo/tiny/v1")]
+        tiny = [d for d in answer["results"] if d["endpoint"].endswith("/models/demo/tiny")]
         if tiny:
             last = tiny[0]
             if last["observed_state"] == "serving" and last["instances"]:

@@ -88,16 +88,19 @@ def route_path(deployment: Deployment) -> str:
 
 
 def endpoint_url(deployment: Deployment) -> str:
-    """The OpenAI base URL callers use (the local gateway's; a cluster's gateway maps the same
-    paths)."""
-    return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}/v1"
+    """The deployment's one base URL (the local gateway's; a cluster's gateway maps the same
+    paths): the OpenAI client's ``base_url`` (the gateway takes ``chat/completions`` and the
+    other OpenAI routes right under it) and tritonclient's ``url`` (it adds ``v2/...``). A
+    Versioned deployment's says its version: ``…/versions/2``. The form with ``/v1`` at the end,
+    shown before, still works."""
+    return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}"
 
 
 def kserve_url(deployment: Deployment) -> str:
-    """The KServe v2 HTTP base URL through the gateway: the gateway passes ``<base>/v2/...`` to
-    the instances' KServe HTTP servers, whatever the model's backend (tritonclient.http takes it
-    without the scheme as its ``url``)."""
-    return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}"
+    """The KServe v2 HTTP base URL through the gateway: the same base URL, under which the
+    gateway passes ``v2/...`` to the instances' KServe HTTP servers, whatever the model's
+    backend (tritonclient.http takes it without the scheme as its ``url``)."""
+    return endpoint_url(deployment)
 
 
 def serves_openai(deployment: Deployment) -> bool:

@@ -174,7 +174,7 @@ class KeyTable:
             raise Refused(
                 401,
                 "A caller key is required: send 'Authorization: Bearer <key>' (create keys on "
-                "the portal's Keys page).",
+                "the portal's Caller keys page).",
                 "invalid_api_key",
             )
         prefix = split_key(presented)

@@ -1,7 +1,8 @@
 """The gateway's request path: pick a backend by the route's weights, pass the request through.
 
 A request to ``/models/<team>/<model>/[versions/<n>/]<rest>`` goes to one backend of that
-route: ``v1/...`` to its OpenAI front end, ``v2/...`` to its KServe v2 HTTP server. The version
+route: ``v2/...`` to its KServe v2 HTTP server, the OpenAI routes (``chat/completions``, or the
+older ``v1/chat/completions``) to its OpenAI front end (:func:`upstream_of`). The version
 group is picked by smooth weighted round-robin, so a 25/75 split is exact over every four
 requests, and a backend inside the group by round-robin.
 
@@ -233,14 +234,13 @@ class Gateway:
             return self._error(
                 path, 404, f"No model is served at /models/{path}/.", "not_found", kserve=kserve
             )
-        kind = (
-            "openai" if rest.startswith("v1/") else "kserve_http" if rest.startswith("v2/") else ""
-        )
+        kind, upstream_path = upstream_of(rest)
         if not kind:
             return self._error(
                 path,
                 404,
-                "Paths under a model start with v1/ (OpenAI) or v2/ (KServe).",
+                f"/models/{path}/ is the model's base URL: the OpenAI routes (chat/completions, "
+                "completions, embeddings, models) and KServe v2's (v2/...) are under it.",
                 "not_found",
                 kserve=kserve,
             )
@@ -282,7 +282,9 @@ class Gateway:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         self.metrics.in_flight.inc()
         try:
-            return await self._forward(request, path, rest, kind, candidates, headers, body)
+            return await self._forward(
+                request, path, upstream_path, kind, candidates, headers, body
+            )
         finally:
             self.metrics.in_flight.dec()
 
@@ -382,6 +384,21 @@ class Gateway:
             {"error": message} if kserve else {"error": {"message": message, "type": kind}}
         )
         return web.json_response(body, status=status)
+
+
+def upstream_of(rest: str) -> tuple[str, str]:
+    """Which server of an instance takes ``rest`` (the path under a route) and at what path:
+    ``v2/...`` is KServe v2 (tritonclient writes that prefix itself); the OpenAI routes sit
+    right under the route (``chat/completions`` → the front end's ``v1/chat/completions``), so a
+    deployment's base URL carries no ``v1`` that reads like a version; ``v1/...`` is still taken
+    as it is, the base URL's form before. ("", "") for the base URL itself."""
+    if rest.startswith("v2/"):
+        return "kserve_http", rest
+    if rest.startswith("v1/"):
+        return "openai", rest
+    if rest:
+        return "openai", f"v1/{rest}"
+    return "", ""
 
 
 def split_path(tail: str) -> tuple[str, str]:

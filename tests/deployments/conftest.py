@@ -80,7 +80,7 @@ class RolloutWorld:
         path = f"{self.team.slug}/{model.slug}"
         if version is not None:
             path += f"/versions/{version}"
-        return f"{self.gateway_url}/models/{path}/v1"
+        return f"{self.gateway_url}/models/{path}"
 
     _weights: Path = Path()
 

@@ -181,16 +181,16 @@ def test_http_routes_have_the_gateway_api_shape(model):
         assert len(obj["metadata"]["name"]) <= 63
         assert obj["metadata"]["annotations"] == {objects.GENERATION_ANNOTATION: "7"}
         assert obj["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways"}]
-        for rule, (prefix, port) in zip(
-            obj["spec"]["rules"], (("v1", 9000), ("v2", 8000)), strict=True
+        base = f"/models/{route.path}"
+        for rule, (matched, target, port) in zip(
+            obj["spec"]["rules"],
+            ((f"{base}/v1", "/v1", 9000), (f"{base}/v2", "/v2", 8000), (base, "/v1", 9000)),
+            strict=True,
         ):
             [match] = rule["matches"]
-            assert match["path"] == {
-                "type": "PathPrefix",
-                "value": f"/models/{route.path}/{prefix}",
-            }
+            assert match["path"] == {"type": "PathPrefix", "value": matched}
             [rewrite] = rule["filters"]
-            assert rewrite["urlRewrite"]["path"]["replacePrefixMatch"] == f"/{prefix}"
+            assert rewrite["urlRewrite"]["path"]["replacePrefixMatch"] == target
             assert [b["weight"] for b in rule["backendRefs"]] == expected
             assert {b["port"] for b in rule["backendRefs"]} == {port}
             assert all(len(b["name"]) <= 63 for b in rule["backendRefs"])

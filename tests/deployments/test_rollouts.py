@@ -297,6 +297,7 @@ def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
             fresh, fresh_url = start_gateway(settings.REDIS_URL, *files)
             try:
                 answer = httpx.post(
+                    # The base URL's older form, with /v1, still works.
                     f"{fresh_url}/models/{world.team.slug}/{model.slug}/v1/completions",
                     json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
                     headers=world.auth,

@@ -119,6 +119,29 @@ def test_weights_split_requests_exactly_and_every_route_kind_is_proxied(client, 
     }
 
 
+def test_openai_routes_sit_right_under_the_base_url_and_the_v1_form_still_works(
+    client, gateway, backends
+):
+    _, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    publish(
+        client,
+        url,
+        route("t/m", Group("v1", 100, [backends("b")])),
+        route("t/m/versions/2", Group("v2", 100, [backends("c")])),
+    )
+    for path, backend, upstream in (
+        ("/models/t/m/chat/completions", "b", "/v1/chat/completions"),
+        ("/models/t/m/v1/chat/completions", "b", "/v1/chat/completions"),
+        ("/models/t/m/versions/2/models", "c", "/v1/models"),
+        ("/models/t/m/v2/models/m/infer", "b", "/v2/models/m/infer"),
+    ):
+        echoed = httpx.post(url + path, headers=AUTH).json()
+        assert (echoed["backend"], echoed["path"]) == (backend, upstream), path
+    base = httpx.post(url + "/models/t/m", headers=AUTH)
+    assert base.status_code == 404 and "base URL" in base.json()["error"]["message"]
+
+
 def test_unknown_routes_and_empty_routes_answer_with_clear_errors(client, gateway):
     _, url = gateway
     publish(client, url, route("search/chat", Group("v1", 100, [])))
@@ -130,7 +153,7 @@ def test_unknown_routes_and_empty_routes_answer_with_clear_errors(client, gatewa
     assert empty.json() == {
         "error": {"message": "no ready instance for route search/chat", "type": "unavailable"}
     }
-    assert httpx.get(url + "/models/search/chat/admin", headers=SEARCH_AUTH).status_code == 404
+    assert httpx.get(url + "/models/search/chat", headers=SEARCH_AUTH).status_code == 404
 
 
 def test_a_backend_that_refuses_connections_is_skipped_without_failing_anyone(

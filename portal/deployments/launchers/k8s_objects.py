@@ -175,15 +175,22 @@ def http_route(
     if gateway_namespace:
         parent["namespace"] = gateway_namespace
     rules = []
-    for kind, port in (("v1", PORTS["openai"]), ("v2", PORTS["http"])):
+    # The same paths as the local gateway (serving.gateway.proxy.upstream_of): v2/ to KServe,
+    # v1/ to the OpenAI front end, and the OpenAI routes right under the base URL too (the
+    # longest matching prefix wins, so the first two keep theirs).
+    for match, target, port in (
+        (f"{prefix}/v1", "/v1", PORTS["openai"]),
+        (f"{prefix}/v2", "/v2", PORTS["http"]),
+        (prefix, "/v1", PORTS["openai"]),
+    ):
         rules.append(
             {
-                "matches": [{"path": {"type": "PathPrefix", "value": f"{prefix}/{kind}"}}],
+                "matches": [{"path": {"type": "PathPrefix", "value": match}}],
                 "filters": [
                     {
                         "type": "URLRewrite",
                         "urlRewrite": {
-                            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": f"/{kind}"}
+                            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": target}
                         },
                     }
                 ],
