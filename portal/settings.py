@@ -184,6 +184,10 @@ ARTIFACT_FILE_ROOTS = [
     Path(p).resolve()
     for p in env_list("ARTIFACT_FILE_ROOTS", [str(VAR_DIR / "artifacts")], sep=os.pathsep)
 ]
+#: Whether registering a ``file://`` source checks that it exists (a file, or a directory
+#: holding files). Turn it off only where the portal does not mount the roots its workers copy
+#: from; then a missing path fails the version's copy instead.
+ARTIFACT_FILE_CHECK_ON_REGISTER = env_bool("ARTIFACT_FILE_CHECK_ON_REGISTER", True)
 
 # The model cache (portal/cache). Sources read their credentials from the environment the way
 # their libraries do: AWS_* (and AWS_ENDPOINT_URL_S3 for any S3-compatible store) for s3://,

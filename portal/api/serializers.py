@@ -140,7 +140,10 @@ class ReleaseOut(serializers.ModelSerializer):
 class InstanceTypeOut(serializers.ModelSerializer):
     class Meta:
         model = InstanceType
-        fields = ["name", "description", "accelerator", "gpus", "cpus", "memory_gib", "engine"]
+        fields = [
+            "name", "description", "accelerator", "gpus", "cpus", "memory_gib", "engine",
+            "backends",
+        ]  # fmt: skip
 
 
 class ModelOut(serializers.ModelSerializer):
@@ -356,8 +359,9 @@ class VersionCreateIn(NoOverridesInput):
     engine_args = JSONObjectField(required=False, default=dict)
     io_spec = JSONObjectField(required=False, default=dict)
     api_surface = serializers.ChoiceField(
-        choices=ApiSurface.choices, default=ApiSurface.OPENAI_GRPC
-    )
+        choices=ApiSurface.choices, required=False,
+        help_text="Default: the backend's own (openai+grpc for vLLM, grpc for Python).",
+    )  # fmt: skip
     constraint_plugins = serializers.ListField(
         child=serializers.CharField(max_length=100), required=False, default=list, max_length=20
     )
@@ -382,6 +386,13 @@ class VersionUpdateIn(NoOverridesInput):
     )
     python_model = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     tool_call_parser = serializers.ChoiceField(choices=ToolCallParser.choices, required=False)
+
+
+class VersionRetryIn(StrictInput):
+    artifact_uri = serializers.CharField(
+        max_length=1024, required=False,
+        help_text="A corrected source to copy from instead (checked as at registration).",
+    )  # fmt: skip
 
 
 def _stages_field(**kwargs: Any) -> serializers.ListField:

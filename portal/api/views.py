@@ -225,14 +225,18 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         version = registry_services.update_version(version, **data)
         return self.answer(s.VersionOut, version)
 
-    @extend_schema(request=None, responses={200: s.VersionOut, 409: CONFLICT})
+    @extend_schema(request=s.VersionRetryIn, responses={200: s.VersionOut, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
-        """Start a failed version again from the top (its failure reason was acted on); copies
-        resume from what earlier attempts left in the cache's staging area."""
+        """Start a failed version again from the top (its failure reason was acted on), from a
+        corrected ``artifact_uri`` if given; copies of the same source resume from what earlier
+        attempts left in the cache's staging area."""
         version = self.get_object()
         self.require_write(version.model.team_id)
-        version = registry_services.retry_version(version, actor=self.actor)
+        data = self.valid_input(s.VersionRetryIn)
+        version = registry_services.retry_version(
+            version, actor=self.actor, artifact_uri=data.get("artifact_uri")
+        )
         return self.answer(s.VersionOut, version)
 
 

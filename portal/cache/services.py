@@ -184,6 +184,13 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
     record = record_for(version)
     cache = content_store()
     manifest = cache.manifest(record.tree)
+    # A failed version retried with a corrected source: what the old source gave is not it.
+    stale = manifest is not None and manifest.get("source", version.artifact_uri) != (
+        version.artifact_uri
+    )
+    if stale and version.state == VersionState.REGISTERED:
+        cache.remove_tree(record.tree)
+        manifest = None
     if manifest is not None:
         _mark_present(version, record, manifest, note="already in the cache")
         return "present"
@@ -207,6 +214,7 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
         **progress.snapshot(),
     )
     staging = cache.staging(f"version-{version.pk}")
+    staging.keep_only_for(version.artifact_uri)
     try:
         with Heartbeat(record.pk, progress, lease) as heartbeat:
             source = open_source(version.artifact_uri)

@@ -289,3 +289,18 @@ class Staging:
     def discard(self) -> None:
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
+
+    def keep_only_for(self, source: str) -> None:
+        """Resume only copies of ``source``: a local source states no checksums, so a file an
+        earlier attempt verified from another source (a retry with a corrected URI) would be
+        taken as done by its path and size alone. Discards what another source left."""
+        marker = self.path / "source"
+        try:
+            previous = marker.read_text()
+        except FileNotFoundError:
+            previous = None
+        if previous is not None and previous != source:
+            self.discard()
+        if previous != source:
+            self.path.mkdir(parents=True, exist_ok=True)
+            marker.write_text(source)

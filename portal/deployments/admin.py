@@ -14,11 +14,29 @@ from portal.deployments.caller_keys import (
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.deployments.services import act
+from portal.registry.models import Backend
+
+
+class InstanceTypeForm(forms.ModelForm):
+    """The backends as checkboxes rather than a JSON box."""
+
+    backends = forms.MultipleChoiceField(
+        choices=Backend.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text=InstanceType._meta.get_field("backends").help_text,
+    )
+
+    class Meta:
+        model = InstanceType
+        fields = "__all__"  # noqa: DJ007 -- every field an operator sets, as the default form
 
 
 @admin.register(InstanceType)
 class InstanceTypeAdmin(admin.ModelAdmin):
-    list_display = ["name", "accelerator", "gpus", "cpus", "memory_gib", "engine", "is_active"]
+    form = InstanceTypeForm
+    list_display = [
+        "name", "accelerator", "gpus", "cpus", "memory_gib", "engine", "backends", "is_active",
+    ]  # fmt: skip
     list_filter = ["is_active", "accelerator"]
     search_fields = ["name", "description"]
 

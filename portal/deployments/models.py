@@ -8,6 +8,7 @@ Every change to either is recorded as a :class:`DeploymentEvent`.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from portal.core.models import AppendOnlyModel
@@ -19,7 +20,13 @@ from portal.deployments.rollout_state import (
     traffic_from_json,
     traffic_to_json,
 )
-from portal.registry.models import Model, ModelVersion
+from portal.registry.models import Backend, Model, ModelVersion
+from serving.instance.engines import engine_for_gpus
+
+
+def all_backends() -> list[str]:
+    """An instance type's default: every backend (both engines serve both)."""
+    return list(Backend.values)
 
 
 class TrafficField(models.JSONField):
@@ -79,6 +86,12 @@ class InstanceType(models.Model):
         help_text="Automatic runs tritonserver on GPU types and the CPU engine otherwise; "
         "force one here (e.g. the CPU engine on a GPU node for a smoke test).",
     )
+    #: The model backends this type's engine and image can serve (operator-set): a type whose
+    #: image lacks Triton's Python backend, or is kept for LLMs, lists only ``vllm``.
+    backends = models.JSONField(
+        default=all_backends,
+        help_text="The backends this type can serve: vllm, python, or both.",
+    )
     is_active = models.BooleanField(default=True)
 
     class Meta:
@@ -86,6 +99,41 @@ class InstanceType(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def serving_engine(self) -> str:
+        """The engine its instances run: the operator's choice, or by GPUs when automatic."""
+        return engine_for_gpus(self.gpus) if self.engine == Engine.AUTO else self.engine
+
+    def cannot_run(self, backend: str) -> str | None:
+        """Why this type cannot serve a ``backend`` version, or None when it can.
+
+        Besides the operator's list: a Python-backend package asks Triton for a GPU instance
+        group (``KIND_GPU``, :func:`portal.registry.packaging.python_config`), which Triton
+        refuses to load where there is no GPU, so tritonserver without GPUs cannot run it."""
+        if backend not in self.backends:
+            served = ", ".join(str(Backend(b).label) for b in self.backends if b in Backend.values)
+            return (
+                f"Instance type {self.name} serves {served or 'no'} models only (set by an "
+                f"operator), not the {Backend(backend).label} backend."
+            )
+        if backend == Backend.PYTHON and self.serving_engine == "tritonserver" and not self.gpus:
+            return (
+                f"Instance type {self.name} runs Triton without a GPU, and a Python-backend "
+                "package asks Triton for a GPU instance; choose a CPU-engine or GPU type."
+            )
+        return None
+
+    def clean(self) -> None:
+        unknown = (
+            [b for b in self.backends if b not in Backend.values]
+            if isinstance(self.backends, list)
+            else [self.backends]
+        )
+        if unknown or not self.backends:
+            raise ValidationError(
+                {"backends": [f"A non-empty list of: {', '.join(Backend.values)}."]}
+            )
 
 
 class Strategy(models.TextChoices):

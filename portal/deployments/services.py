@@ -51,6 +51,23 @@ def _check_version(model: Model, version: ModelVersion) -> None:
         )
 
 
+def check_instance_type(instance_type: InstanceType, version: ModelVersion) -> None:
+    """Refuse an instance type that cannot serve the version's backend (see
+    :meth:`InstanceType.cannot_run`), at deploy rather than when its instances fail to start."""
+    why = instance_type.cannot_run(version.backend)
+    if why is not None:
+        raise ValidationError({"instance_type": [why]})
+
+
+def instance_types_for(version: ModelVersion | None) -> list[InstanceType]:
+    """The active instance types that can serve ``version`` (all active ones for None): what
+    the deploy form offers."""
+    active = InstanceType.objects.filter(is_active=True)
+    if version is None:
+        return list(active)
+    return [t for t in active if t.cannot_run(version.backend) is None]
+
+
 @dataclass(frozen=True)
 class Deployed:
     """What :func:`deploy` did: ``created`` a new deployment, or rolled the model's live
@@ -130,6 +147,7 @@ def deploy(
             }
         )
     _check_version(model, version)
+    check_instance_type(instance_type, version)
     try:
         deployment = update_deployment(
             live,
@@ -168,6 +186,7 @@ def create_deployment(
     _check_version(model, version)
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
+    check_instance_type(instance_type, version)
     replicas = limits.REPLICAS.default if replicas is None else replicas
     stages = limits.default_stages() if stages is None else stages
     bake_seconds = limits.BAKE_SECONDS.default if bake_seconds is None else bake_seconds
@@ -294,6 +313,16 @@ def _start_new_rollout(
             {"version": ["A Versioned deployment serves one version; create a new deployment."]}
         )
     _check_version(deployment.model, version)
+    why = deployment.instance_type.cannot_run(version.backend)
+    if why is not None:  # a rollout keeps the deployment's instance type
+        raise ValidationError(
+            {
+                "version": [
+                    f"{why} Deployment {deployment.pk} keeps it; deploy v{version.number} "
+                    "Versioned on another type."
+                ]
+            }
+        )
     if deployment.observed_state != ObservedState.SERVING or (
         deployment.desired_state != DesiredState.ACTIVE
     ):

@@ -23,7 +23,7 @@ from portal.registry.models import (
     ToolCallParser,
     VersionState,
 )
-from portal.registry.validation import validate_version_spec
+from portal.registry.validation import validate_artifact_uri, validate_version_spec
 
 EDITABLE_VERSION_STATES = (VersionState.REGISTERED, VersionState.FAILED)
 
@@ -71,6 +71,47 @@ def update_model(model: Model, *, description: str | None = None) -> Model:
     return model
 
 
+def check_version_spec(
+    *, release: PlatformRelease, tool_call_parser: str = ToolCallParser.HERMES, **spec: Any
+) -> None:
+    """Everything registering would refuse about a version, every field at once, storing
+    nothing. The web form also calls it when some of its fields did not even parse, so the
+    others' errors show in the same answer (as the API's do)."""
+    errors: dict[str, list[str]] = {}
+    if tool_call_parser not in ToolCallParser.values:
+        known = ", ".join(ToolCallParser.values)
+        errors["tool_call_parser"] = [f"Unknown tool call format (known: {known})."]
+    try:
+        validate_version_spec(release=release, **spec)
+    except ValidationError as exc:
+        errors.update(exc.message_dict)
+    if errors:
+        raise ValidationError(errors)
+
+
+def not_deployable_reason(version: ModelVersion) -> str | None:
+    """Why a deploy of ``version`` cannot start from the pages now, or None when it can (it is
+    ready). The pages offer deploying ready versions only; the API also takes one still being
+    copied or packaged, which the controller waits for."""
+    if version.state == VersionState.READY:
+        return None
+    if version.state == VersionState.FAILED:
+        return (
+            f"v{version.number} failed ({version.failure_reason}); retry it, with a corrected "
+            "source if that was the problem, or register a new version."
+        )
+    return (
+        f"v{version.number} is not ready yet ({version.get_state_display().lower()}); it can "
+        "be deployed once its weights are copied and packaged."
+    )
+
+
+def default_api_surface(backend: str) -> str:
+    """The OpenAI front end for vLLM; KServe v2 only for the Python backend, the one surface
+    it supports (its tensors are the author's, not the OpenAI front end's contract)."""
+    return ApiSurface.GRPC if backend == Backend.PYTHON else ApiSurface.OPENAI_GRPC
+
+
 def register_version(
     *,
     model: Model,
@@ -78,22 +119,21 @@ def register_version(
     backend: str = Backend.VLLM,
     engine_args: dict[str, Any] | None = None,
     io_spec: dict[str, Any] | None = None,
-    api_surface: str = ApiSurface.OPENAI_GRPC,
+    api_surface: str | None = None,
     constraint_plugins: list[str] | None = None,
     python_model: str = "",
     tool_call_parser: str = ToolCallParser.HERMES,
     created_by=None,
 ) -> ModelVersion:
     """Validate and store a new version with the next number, packaged against the default
-    release. Materialization and packaging pick it up from the ``registered`` state."""
+    release. Materialization and packaging pick it up from the ``registered`` state. The API
+    surface defaults to the one the backend supports best (:func:`default_api_surface`)."""
+    api_surface = api_surface or default_api_surface(backend)
     engine_args = engine_args or {}
     io_spec = io_spec or {}
     constraint_plugins = constraint_plugins or []
     release = default_release()
-    if tool_call_parser not in ToolCallParser.values:
-        known = ", ".join(ToolCallParser.values)
-        raise ValidationError({"tool_call_parser": [f"Unknown tool call format (known: {known})."]})
-    validate_version_spec(
+    check_version_spec(
         release=release,
         artifact_uri=artifact_uri,
         backend=backend,
@@ -102,6 +142,7 @@ def register_version(
         api_surface=api_surface,
         constraint_plugins=constraint_plugins,
         python_model=python_model,
+        tool_call_parser=tool_call_parser,
     )
     with transaction.atomic():
         locked = Model.objects.select_for_update().get(pk=model.pk)
@@ -126,17 +167,27 @@ def register_version(
     return version
 
 
-def retry_version(version: ModelVersion, *, actor: Actor) -> ModelVersion:
-    """Send a failed version back to ``registered`` and copy it again."""
-    if version.state != VersionState.FAILED:
-        raise Conflict(
-            f"Version {version.number} is {version.state}; only failed versions are retried.",
-            code="not_failed",
-        )
-    # Back in registered, the cache copies its weights again (a hook of that state).
-    return transition_version(
-        version, VersionState.REGISTERED, reason="Retry requested.", actor=actor
-    )
+def retry_version(
+    version: ModelVersion, *, actor: Actor, artifact_uri: str | None = None
+) -> ModelVersion:
+    """Send a failed version back to ``registered`` and copy it again, from ``artifact_uri``
+    when given: a failure is often a typo in the source, which this corrects (checked as at
+    registration) instead of a new version being needed."""
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        if locked.state != VersionState.FAILED:
+            raise Conflict(
+                f"Version {locked.number} is {locked.state}; only failed versions are retried.",
+                code="not_failed",
+            )
+        reason = "Retry requested."
+        if artifact_uri is not None and artifact_uri != locked.artifact_uri:
+            validate_artifact_uri(artifact_uri)
+            reason = f"Retry requested with the source {locked.artifact_uri} → {artifact_uri}."
+            locked.artifact_uri = artifact_uri
+            locked.save(update_fields=["artifact_uri"])
+        # Back in registered, the cache copies its weights again (a hook of that state).
+        return transition_version(locked, VersionState.REGISTERED, reason=reason, actor=actor)
 
 
 def update_version(version: ModelVersion, **fields: Any) -> ModelVersion:

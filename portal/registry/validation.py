@@ -223,6 +223,25 @@ def _check_file(host: str, path: str) -> None:
         raise ValidationError(
             {"artifact_uri": [f"{path} is outside the allowed artifact roots ({allowed})."]}
         )
+    if settings.ARTIFACT_FILE_CHECK_ON_REGISTER:
+        _check_local_artifact(path, resolved)
+
+
+def _check_local_artifact(path: str, resolved: Path) -> None:
+    """The copy reads a ``file://`` source as one file or a directory holding files; one that
+    is missing, empty or unreadable would only fail later on a worker, so say so now (the
+    portal and the workers share the allowed roots)."""
+    field = "artifact_uri"
+    if not resolved.exists():
+        raise ValidationError({field: [f"{path} does not exist."]})
+    if not (resolved.is_file() or resolved.is_dir()):
+        raise ValidationError({field: [f"{path} is neither a file nor a directory."]})
+    if not os.access(resolved, os.R_OK | (os.X_OK if resolved.is_dir() else 0)):
+        raise ValidationError({field: [f"{path} is not readable by the platform."]})
+    if resolved.is_dir() and not any(p.is_file() for p in resolved.rglob("*")):
+        raise ValidationError(
+            {field: [f"{path} is a directory holding no files: point at the model's weights."]}
+        )
 
 
 def validate_io_spec(io_spec: Any) -> None:

@@ -131,6 +131,10 @@ class VersionForm(forms.Form):
         label="model.py (Python backend)",
         help_text="Your Triton model.py; leave empty to use the one in the artifact.",
     )
+    #: A model.py uploaded with a form that had errors, sent back with the page (a browser
+    #: cannot refill a file input), so fixing another field does not mean uploading it again.
+    kept_model_py = forms.CharField(required=False, widget=forms.HiddenInput, strip=False)
+    kept_model_py_name = forms.CharField(required=False, widget=forms.HiddenInput, max_length=255)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -142,15 +146,36 @@ class VersionForm(forms.Form):
         return self.cleaned_data.get("tool_call_parser") or ToolCallParser.HERMES
 
     def clean_python_model(self) -> str:
+        """The uploaded model.py, else the one kept from an earlier try of this form."""
         upload = self.cleaned_data.get("python_model")
         if not upload:
-            return ""
+            kept = (self.data.get("kept_model_py") or "").replace("\r\n", "\n")
+            if len(kept.encode()) > MAX_MODEL_PY_BYTES:
+                raise ValidationError(f"model.py is over {MAX_MODEL_PY_BYTES // 1024} KiB.")
+            self.model_py_name = (self.data.get("kept_model_py_name") or "model.py")[:255]
+            return kept
+        self.model_py_name = upload.name or "model.py"
         if upload.size > MAX_MODEL_PY_BYTES:
             raise ValidationError(f"model.py is over {MAX_MODEL_PY_BYTES // 1024} KiB.")
         try:
             return upload.read().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValidationError("model.py must be UTF-8 text.") from exc
+
+    def service_fields(self) -> dict[str, Any]:
+        """What the registry's service takes, from the fields that parsed: the other backend's
+        fields dropped, and the Python backend on the one API surface it supports."""
+        data = {
+            name: value
+            for name, value in self.cleaned_data.items()
+            if name not in ("kept_model_py", "kept_model_py_name")
+        }
+        if data.get("backend") == Backend.VLLM:
+            data["io_spec"], data["python_model"] = {}, ""
+        elif data.get("backend") == Backend.PYTHON:
+            data["api_surface"] = ApiSurface.GRPC
+            data["engine_args"], data["tool_call_parser"] = {}, ToolCallParser.HERMES
+        return data
 
 
 def _parse_stages(text: str) -> list[int]:
@@ -202,11 +227,19 @@ class DeployForm(forms.Form):
         help_text="Only if every caller copes with both the old and the new interface.",
     )
 
-    def __init__(self, *args: Any, model: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, model: Any, instance_types: list[InstanceType], **kwargs: Any
+    ) -> None:
+        """``instance_types``: those that can serve the version the page is about (the
+        service refuses another version's mismatch on submit)."""
         super().__init__(*args, **kwargs)
         version = cast(forms.ModelChoiceField, self.fields["version"])
-        version.queryset = model.versions.exclude(state=VersionState.FAILED)
-        version.label_from_instance = lambda v: f"v{v.number} ({v.state})"  # type: ignore[method-assign,assignment]
+        version.queryset = model.versions.filter(state=VersionState.READY)
+        version.label_from_instance = lambda v: f"v{v.number} ({v.get_backend_display()})"  # type: ignore[method-assign,assignment]
+        if not self.initial.get("version"):  # none picked for the visitor: they choose
+            version.empty_label = "Choose a version"
+        types = cast(forms.ModelChoiceField, self.fields["instance_type"])
+        types.queryset = InstanceType.objects.filter(pk__in=[t.pk for t in instance_types])
 
     def clean_stages(self) -> list[int]:
         return _parse_stages(self.cleaned_data["stages"])

@@ -23,6 +23,7 @@ from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment
 from portal.deployments.routing import endpoint_url
 from portal.metrics import services as metrics
+from portal.registry import services as registry_services
 from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
 from portal.web import charts, summaries
@@ -45,7 +46,8 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
         messages.info(request, "Register a version before deploying.")
         return redirect("web:version_new", team=team, model=model)
     serving = deployment_services.live_red_black(obj)
-    initial: dict[str, Any] = {"version": obj.versions.first()}
+    ready = obj.versions.filter(state=VersionState.READY)
+    initial: dict[str, Any] = {"version": ready.first()}
     if serving is not None:  # a rollout keeps the deployment's shape unless changed here
         initial.update(
             replicas=serving.replicas,
@@ -55,9 +57,30 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             health_deadline_seconds=serving.health_deadline_seconds,
             max_error_rate=serving.max_error_rate,
         )
-    if request.GET.get("version", "").isdigit():
-        initial["version"] = obj.versions.filter(number=request.GET["version"]).first()
-    form = DeployForm(request.POST or None, model=obj, initial=initial)
+    # The version the link names, and nothing else: one that cannot deploy is explained, never
+    # swapped for another (the form then asks which to deploy).
+    not_deployable = None
+    asked = request.GET.get("version", "")
+    if asked:
+        named = (
+            obj.versions.filter(number=asked).first()
+            if asked.isdigit() and len(asked) < 10
+            else None
+        )
+        if named is None:
+            not_deployable = f"{obj.slug} has no version {asked}."
+        else:
+            not_deployable = registry_services.not_deployable_reason(named)
+        initial["version"] = None if not_deployable else named
+    shown = initial["version"]
+    if request.method == "POST" and str(request.POST.get("version", "")).isdigit():
+        shown = ready.filter(pk=request.POST["version"]).first()
+    form = DeployForm(
+        request.POST or None,
+        model=obj,
+        initial=initial,
+        instance_types=deployment_services.instance_types_for(shown),
+    )
     # The advice is about the version being deployed: the one posted (as the form's own field
     # cleaned it), else the one the page offers.
     valid = form.is_bound and form.is_valid()
@@ -72,7 +95,15 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
     return render(
         request,
         "web/deploy.html",
-        {"ctx": ctx, "model": obj, "form": form, "advice": advice, "serving": serving},
+        {
+            "ctx": ctx,
+            "model": obj,
+            "form": form,
+            "advice": advice,
+            "serving": serving,
+            "not_deployable": not_deployable,
+            "no_ready": not ready.exists(),
+        },
     )
 
 

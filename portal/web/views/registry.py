@@ -15,7 +15,7 @@ from portal.core.actors import Actor
 from portal.core.errors import ApplicationError
 from portal.deployments.models import LIVE_STATES
 from portal.registry import services as registry_services
-from portal.registry.models import Backend, Model, ModelVersion
+from portal.registry.models import Backend, Model, ModelVersion, VersionState
 from portal.registry.packaging import PackagingError, repository_files
 from portal.web import summaries
 from portal.web.forms import ModelForm, VersionForm, show_service_errors
@@ -78,13 +78,15 @@ def model_detail(request: HttpRequest, team: str, model: str) -> HttpResponse:
     obj = get_model(ctx, model)
     deployments = obj.deployments.select_related("target_version").order_by("-created_at")
     live = [d for d in deployments if d.observed_state in LIVE_STATES]
+    versions = list(obj.versions.select_related("materialization"))
     return render(
         request,
         "web/model_detail.html",
         {
             "ctx": ctx,
             "model": obj,
-            "versions": obj.versions.select_related("materialization"),
+            "versions": versions,
+            "any_ready": any(v.state == VersionState.READY for v in versions),
             "live": live,
             "past": [d for d in deployments if d.observed_state not in LIVE_STATES][:10],
         },
@@ -110,21 +112,73 @@ def version_new(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "io_spec": latest.io_spec,
         }
     form = VersionForm(request.POST or None, request.FILES or None, initial=initial)
-    if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
-        if data["backend"] == Backend.VLLM:
-            data["io_spec"], data["python_model"] = {}, ""
-        try:
-            version = registry_services.register_version(model=obj, created_by=request.user, **data)
-        except (ValidationError, ApplicationError) as exc:
-            show_service_errors(form, exc)
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                version = registry_services.register_version(
+                    model=obj, created_by=request.user, **form.service_fields()
+                )
+            except (ValidationError, ApplicationError) as exc:
+                show_service_errors(form, exc)
+            else:
+                return redirect("web:version_detail", team=team, model=model, number=version.number)
         else:
-            return redirect("web:version_detail", team=team, model=model, number=version.number)
+            _check_parsed_fields(form)
     return render(
         request,
         "web/version_new.html",
-        {"ctx": ctx, "model": obj, "form": form, "backend_advice": BACKEND_ADVICE},
+        {
+            "ctx": ctx,
+            "model": obj,
+            "form": form,
+            "backend_advice": BACKEND_ADVICE,
+            "kept_model_py": _kept_model_py(form),
+        },
     )
+
+
+#: What the service is given for a field that did not parse (its errors are then dropped).
+_UNPARSED = {
+    "artifact_uri": "",
+    "backend": Backend.VLLM,
+    "engine_args": {},
+    "io_spec": {},
+    "api_surface": "",
+    "constraint_plugins": [],
+    "python_model": "",
+}
+
+
+def _check_parsed_fields(form: VersionForm) -> None:
+    """Some fields did not parse (broken JSON, say): still check the others with the service,
+    so the page lists every field's errors at once, as the API does."""
+    data = form.service_fields()
+    spec = {name: data.get(name, default) for name, default in _UNPARSED.items()}
+    spec["api_surface"] = spec["api_surface"] or registry_services.default_api_surface(
+        spec["backend"]
+    )
+    try:
+        registry_services.check_version_spec(
+            release=registry_services.default_release(),
+            tool_call_parser=data.get("tool_call_parser") or "hermes",
+            **spec,
+        )
+    except ApplicationError:
+        return  # no release to check against: the submit that parses says so
+    except ValidationError as exc:
+        for field, messages in exc.message_dict.items():
+            if field in data and field in form.fields and field not in form.errors:
+                form.add_error(field, messages)
+
+
+def _kept_model_py(form: VersionForm) -> dict[str, str] | None:
+    """The model.py to send back with a page that has errors, and its name."""
+    if not form.is_bound or not form.errors:
+        return None
+    content = form.cleaned_data.get("python_model")
+    if not content or form.cleaned_data.get("backend") == Backend.VLLM:
+        return None
+    return {"content": content, "name": getattr(form, "model_py_name", "model.py")}
 
 
 def _version(ctx: TeamContext, model: str, number: int) -> ModelVersion:
@@ -169,6 +223,7 @@ def version_detail(request: HttpRequest, team: str, model: str, number: int) -> 
 def _version_live_context(version: ModelVersion) -> dict:
     return {
         "version": version,
+        "not_deployable": registry_services.not_deployable_reason(version),
         "copy": getattr(version, "materialization", None),
         "events": version.events.order_by("-created_at", "-id")[:20],
         "files": _package_files(version),
@@ -190,8 +245,13 @@ def version_retry(request: HttpRequest, team: str, model: str, number: int) -> H
     ctx = team_context(request, team)
     require_write(ctx)
     version = _version(ctx, model, number)
+    source = request.POST.get("artifact_uri", "").strip() or None
     try:
-        registry_services.retry_version(version, actor=Actor.for_request(request.user))
+        registry_services.retry_version(
+            version, actor=Actor.for_request(request.user), artifact_uri=source
+        )
     except ApplicationError as exc:
         messages.error(request, exc.message)
+    except ValidationError as exc:
+        messages.error(request, f"Not retried: {' '.join(exc.messages)}")
     return redirect("web:version_detail", team=team, model=model, number=number)
