@@ -19,6 +19,7 @@ from portal.deployments.models import (
     Strategy,
 )
 from portal.deployments.routing import call_endpoints, endpoint_url
+from portal.metrics.services import RANGES as METRIC_RANGES
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -537,9 +538,19 @@ class ErrorOut(serializers.Serializer):
 
 
 class MetricsQuery(serializers.Serializer):
+    range = serializers.ChoiceField(
+        choices=list(METRIC_RANGES),
+        required=False,
+        help_text="The window the charts offer (15m, 1h, 6h, 24h); wins over minutes.",
+    )
     minutes = serializers.IntegerField(
         min_value=1, max_value=1440, default=60, help_text="How far back, in minutes."
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "range" in attrs:
+            attrs["minutes"] = METRIC_RANGES[attrs["range"]]
+        return attrs
 
 
 class MetricPointOut(serializers.Serializer):
@@ -579,6 +590,7 @@ class ChartOut(serializers.Serializer):
     key = serializers.CharField()
     title = serializers.CharField()
     unit = serializers.CharField()
+    factor = serializers.FloatField(help_text="Multiply the points' values by it to get unit.")
     lines = serializers.SerializerMethodField()
 
     @extend_schema_field(ChartLineOut(many=True))
@@ -586,7 +598,25 @@ class ChartOut(serializers.Serializer):
         return [{"field": name, "label": label} for name, label in chart.lines]
 
 
+class VersionSeriesOut(serializers.Serializer):
+    version = serializers.IntegerField(help_text="The model version's number.")
+    points = MetricPointOut(many=True, help_text="Only the passes that read this version.")
+
+
+class MarkerOut(serializers.Serializer):
+    t = serializers.DateTimeField()
+    kind = serializers.ChoiceField(choices=["deploy", "stage", "rollback"])
+    label = serializers.CharField(help_text="The timeline event's message.")  # type: ignore[assignment]
+    deployment = serializers.IntegerField()
+
+
 class MetricsOut(serializers.Serializer):
+    since = serializers.DateTimeField(help_text="The window's start.")
+    until = serializers.DateTimeField(help_text="The window's end (now).")
     points = MetricPointOut(many=True)
+    versions = VersionSeriesOut(
+        many=True, help_text="The points split by model version, newest version first."
+    )
+    markers = MarkerOut(many=True, help_text="Deploys, stage changes and rollbacks.")
     sources = MetricSourceOut(many=True)
     charts = ChartOut(many=True)

@@ -111,13 +111,19 @@ class ScopedViewSet(viewsets.GenericViewSet):
         return team
 
     def metrics_answer(self, deployments: list[Deployment]) -> Response:
-        """The deployments' merged points over the last ``?minutes=``, their sources and the
-        charts' descriptions."""
+        """The deployments' merged points over ``?range=`` (or the last ``?minutes=``), split by
+        version too, the timeline's marks, their sources and the charts' descriptions."""
         query = s.MetricsQuery(data=self.request.query_params)
         query.is_valid(raise_exception=True)
-        since = timezone.now() - timedelta(minutes=query.validated_data["minutes"])
+        until = timezone.now()
+        since = until - timedelta(minutes=query.validated_data["minutes"])
+        by_version = metrics_services.version_series(deployments, since)
         body = {
+            "since": since,
+            "until": until,
             "points": metrics_services.series(deployments, since),
+            "versions": [{"version": n, "points": p} for n, p in by_version.items()],
+            "markers": metrics_services.markers(deployments, since),
             "sources": [src for d in deployments for src in metrics_services.source_status(d)],
             "charts": metrics_services.CHARTS,
         }

@@ -60,6 +60,9 @@ class MetricPoint(models.Model):
     #: summed over the deployment's instances.
     ttft_buckets = models.JSONField(default=dict, blank=True)
     e2e_buckets = models.JSONField(default=dict, blank=True)
+    #: The same interval per model version, keyed by version number (``"2"``): each entry has
+    #: the value fields above, ``sources_up``/``sources_down`` and the two bucket deltas.
+    versions = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["at", "id"]

@@ -4,6 +4,10 @@ One scrape pass reads every live instance once, in parallel, and writes one poin
 deployment, all stamped with the pass's start so that the points of several deployments line
 up when a model's page merges them. A source that fails is recorded as down with its reason
 and keeps its last good reading; one bad instance never stops the pass.
+
+Each point also keeps the same values per model version (instances know their version), so
+that during a rollout the canary can be charted next to the version it replaces; and the
+deployments' timeline gives the charts their marks (deploys, stage changes, rollbacks).
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.deployments.models import LIVE_STATES, Deployment, Instance, InstanceState
+from portal.deployments.models import (
+    LIVE_STATES,
+    Deployment,
+    DeploymentEvent,
+    EventKind,
+    Instance,
+    InstanceState,
+    ObservedState,
+)
 from portal.metrics import buckets as bk
 from portal.metrics.models import MetricPoint, MetricSource
 from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot
@@ -48,14 +60,24 @@ VALUE_FIELDS = (*RATE_FIELDS, *QUANTILES, "kv_cache_usage", "prefix_cache_hit_ra
 COUNT_FIELDS = ("sources_up", "sources_down")
 
 
+#: The windows the charts offer, by the ``range`` the API takes, in minutes.
+RANGES: dict[str, int] = {"15m": 15, "1h": 60, "6h": 360, "24h": 1440}
+#: A marker's label is the event's message, cut to this many characters.
+MARKER_LABEL_CHARS = 120
+
+
 @dataclass(frozen=True)
 class Chart:
-    """One chart the pages draw: which point fields it plots, under which labels."""
+    """One chart the pages draw: which point fields it plots, under which labels.
+
+    Points keep SI units (seconds); ``factor`` turns them into ``unit`` for people (latency
+    in ms reads "p50 3.5", not "0.0035")."""
 
     key: str
     title: str
     unit: str
     lines: tuple[tuple[str, str], ...]
+    factor: float = 1.0
 
 
 CHARTS: tuple[Chart, ...] = (
@@ -71,8 +93,16 @@ CHARTS: tuple[Chart, ...] = (
         "req/s",
         (("requests_per_s", "requests"), ("errors_per_s", "errors")),
     ),
-    Chart("ttft", "Time to first token", "s", (("ttft_p50", "p50"), ("ttft_p99", "p99"))),
-    Chart("e2e", "End-to-end latency", "s", (("e2e_p50", "p50"), ("e2e_p99", "p99"))),
+    Chart(
+        "ttft",
+        "Time to first token",
+        "ms",
+        (("ttft_p50", "p50"), ("ttft_p99", "p99")),
+        factor=1000.0,
+    ),
+    Chart(
+        "e2e", "End-to-end latency", "ms", (("e2e_p50", "p50"), ("e2e_p99", "p99")), factor=1000.0
+    ),
     Chart("kv_cache", "KV-cache usage", "fraction", (("kv_cache_usage", "usage"),)),
     Chart(
         "prefix_cache",
@@ -136,6 +166,11 @@ class _Interval:
     usages: list[float] = field(default_factory=list)
     queries: float = 0.0
     hits: float = 0.0
+    #: The same, per model version number (only on a deployment's interval, not nested).
+    versions: dict[int, _Interval] = field(default_factory=dict)
+
+    def of_version(self, number: int) -> _Interval:
+        return self.versions.setdefault(number, _Interval())
 
     def add_up(self, now: Snapshot, delta: Snapshot | None, seconds: float) -> None:
         self.up += 1
@@ -159,7 +194,8 @@ class _Interval:
         self.queries += delta.prefix_cache_queries
         self.hits += delta.prefix_cache_hits
 
-    def point(self, deployment_id: int, at: datetime) -> MetricPoint:
+    def values(self) -> dict[str, Any]:
+        """The interval's value fields, counts and bucket deltas (JSON-ready)."""
         ttft, e2e = bk.merge(self.ttft), bk.merge(self.e2e)
         values: dict[str, Any] = dict.fromkeys(VALUE_FIELDS)
         if self.has_rates:
@@ -168,15 +204,17 @@ class _Interval:
             values["prefix_cache_hit_rate"] = self.hits / self.queries if self.queries > 0 else None
         if self.usages:
             values["kv_cache_usage"] = sum(self.usages) / len(self.usages)
-        return MetricPoint(
-            deployment_id=deployment_id,
-            at=at,
+        values.update(
             sources_up=self.up,
             sources_down=self.down,
             ttft_buckets=bk.to_json(ttft),
             e2e_buckets=bk.to_json(e2e),
-            **values,
         )
+        return values
+
+    def point(self, deployment_id: int, at: datetime) -> MetricPoint:
+        by_version = {str(n): self.versions[n].values() for n in sorted(self.versions)}
+        return MetricPoint(deployment_id=deployment_id, at=at, versions=by_version, **self.values())
 
 
 def _quantiles(histograms: dict[str, bk.Buckets]) -> dict[str, float | None]:
@@ -188,7 +226,7 @@ def _targets() -> list[tuple[Instance, str]]:
         Instance.objects.filter(
             deployment__observed_state__in=LIVE_STATES, state__in=SCRAPED_STATES
         )
-        .select_related("metric_source")
+        .select_related("metric_source", "version")
         .order_by("pk")
     )
     return [(i, url) for i in instances if (url := (i.endpoints or {}).get("metrics"))]
@@ -218,11 +256,13 @@ def scrape_live_instances(now: datetime | None = None) -> ScrapeReport:
     with transaction.atomic():
         for (instance, url), reading in zip(targets, readings, strict=True):
             interval = intervals[instance.deployment_id]
+            of_version = interval.of_version(instance.version.number)
             source = _source_of(instance) or MetricSource(instance=instance)
             source.url, source.last_scraped_at = url, at
             if isinstance(reading, str):
                 source.up, source.error = False, reading
                 interval.down += 1
+                of_version.down += 1
                 errors[instance.name] = reading
             else:
                 delta, seconds = None, 0.0
@@ -235,6 +275,7 @@ def scrape_live_instances(now: datetime | None = None) -> ScrapeReport:
                     # traffic since then (a new instance's first seconds are not lost).
                     delta, seconds = reading, (at - instance.ready_at).total_seconds()
                 interval.add_up(reading, delta, seconds)
+                of_version.add_up(reading, delta, seconds)
                 source.up, source.error, source.last_ok_at = True, "", at
                 source.snapshot, source.snapshot_at = reading.to_json(), at
             source.save()
@@ -266,50 +307,138 @@ def _prune(at: datetime) -> tuple[int, int]:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def _merge(points: Sequence[MetricPoint]) -> dict[str, Any]:
-    """Several deployments' points of one pass as one: rates add up, usage is a mean, the hit
-    rate a request-weighted mean, and quantiles come from the summed bucket deltas."""
-    merged: dict[str, Any] = {"at": points[0].at}
+def _values_of(point: MetricPoint) -> dict[str, Any]:
+    values = {name: getattr(point, name) for name in (*VALUE_FIELDS, *COUNT_FIELDS)}
+    values.update(ttft_buckets=point.ttft_buckets, e2e_buckets=point.e2e_buckets)
+    return values
+
+
+def _merge(at: datetime, entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several deployments' (or versions') values of one pass as one: rates add up, usage is a
+    mean, the hit rate a request-weighted mean, and quantiles come from the summed bucket
+    deltas."""
+    merged: dict[str, Any] = {"at": at}
     for name in RATE_FIELDS:
-        values = [getattr(p, name) for p in points if getattr(p, name) is not None]
+        values = [e[name] for e in entries if e.get(name) is not None]
         merged[name] = sum(values) if values else None
     histograms = {
-        "ttft": bk.merge(bk.from_json(p.ttft_buckets) for p in points),
-        "e2e": bk.merge(bk.from_json(p.e2e_buckets) for p in points),
+        "ttft": bk.merge(bk.from_json(e.get("ttft_buckets") or {}) for e in entries),
+        "e2e": bk.merge(bk.from_json(e.get("e2e_buckets") or {}) for e in entries),
     }
     merged.update(_quantiles(histograms))
-    usages = [p.kv_cache_usage for p in points if p.kv_cache_usage is not None]
+    usages = [e["kv_cache_usage"] for e in entries if e.get("kv_cache_usage") is not None]
     merged["kv_cache_usage"] = sum(usages) / len(usages) if usages else None
-    merged["prefix_cache_hit_rate"] = _weighted_hit_rate(points)
+    merged["prefix_cache_hit_rate"] = _weighted_hit_rate(entries)
     for name in COUNT_FIELDS:
-        merged[name] = sum(getattr(p, name) for p in points)
+        merged[name] = sum(e.get(name) or 0 for e in entries)
     return merged
 
 
-def _weighted_hit_rate(points: Sequence[MetricPoint]) -> float | None:
-    rated = [p for p in points if p.prefix_cache_hit_rate is not None]
+def _weighted_hit_rate(entries: Sequence[dict[str, Any]]) -> float | None:
+    rated = [e for e in entries if e.get("prefix_cache_hit_rate") is not None]
     if not rated:
         return None
-    weights = [p.requests_per_s or 0.0 for p in rated]
+    weights = [e.get("requests_per_s") or 0.0 for e in rated]
     if sum(weights) <= 0:
-        return sum(p.prefix_cache_hit_rate or 0.0 for p in rated) / len(rated)
-    return sum(
-        (p.prefix_cache_hit_rate or 0.0) * w for p, w in zip(rated, weights, strict=True)
-    ) / sum(weights)
+        return sum(e["prefix_cache_hit_rate"] for e in rated) / len(rated)
+    return sum(e["prefix_cache_hit_rate"] * w for e, w in zip(rated, weights, strict=True)) / sum(
+        weights
+    )
+
+
+def _points(deployments: Iterable[Deployment | int], since: datetime) -> list[MetricPoint]:
+    ids = [d if isinstance(d, int) else d.pk for d in deployments]
+    if not ids:
+        return []
+    return list(
+        MetricPoint.objects.filter(deployment_id__in=ids, at__gte=since).order_by("at", "id")
+    )
+
+
+def has_points(deployments: Iterable[Deployment | int], since: datetime) -> bool:
+    ids = [d if isinstance(d, int) else d.pk for d in deployments]
+    return MetricPoint.objects.filter(deployment_id__in=ids, at__gte=since).exists()
 
 
 def series(deployments: Iterable[Deployment | int], since: datetime) -> list[dict[str, Any]]:
     """The points of ``deployments`` since ``since``, one entry per scrape pass, oldest first:
     ``{"at": datetime, "<field>": float | None, ..., "sources_up": int, "sources_down": int}``."""
+    by_at: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+    for point in _points(deployments, since):
+        by_at[point.at].append(_values_of(point))
+    return [_merge(at, by_at[at]) for at in sorted(by_at)]
+
+
+def version_series(
+    deployments: Iterable[Deployment | int], since: datetime
+) -> dict[int, list[dict[str, Any]]]:
+    """The same points split by model version number: ``{2: [entry, ...], 1: [...]}``, each
+    entry shaped as :func:`series`'s. A version has an entry only for the passes that read one
+    of its instances, so a canary's line starts where the canary did."""
+    by_version: dict[int, dict[datetime, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for point in _points(deployments, since):
+        for number, values in (point.versions or {}).items():
+            by_version[int(number)][point.at].append(values)
+    return {
+        number: [_merge(at, passes[at]) for at in sorted(passes)]
+        for number, passes in sorted(by_version.items(), reverse=True)
+    }
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A moment the charts mark with a vertical line: ``kind`` is deploy, stage or rollback."""
+
+    t: datetime
+    kind: str
+    label: str
+    deployment: int
+
+
+def marker_kind(event: DeploymentEvent) -> str | None:
+    """Which mark a timeline event makes on the charts, if any.
+
+    A deploy is a deployment's creation or a new rollout (back to pending from serving); a
+    stage is the controller shifting traffic (its note carries the new split); a rollback is
+    one being asked for or started. Everything else (instances, settings) is left off: the
+    charts would drown in lines."""
+    data = event.data or {}
+    if event.kind == EventKind.CREATED:
+        return "deploy"
+    if event.kind == EventKind.ACTION and data.get("action") == "rollback":
+        return "rollback"
+    if event.kind != EventKind.STATE:
+        return None
+    if event.to_state == ObservedState.ROLLING_BACK:
+        return "rollback"
+    if event.to_state == ObservedState.PENDING and event.from_state:
+        return "deploy"
+    if not event.to_state and "traffic" in data and event.message.startswith("Stage "):
+        return "stage"
+    return None
+
+
+def markers(deployments: Iterable[Deployment | int], since: datetime) -> list[Marker]:
+    """The deployments' deploys, stage changes and rollbacks since ``since``, oldest first."""
     ids = [d if isinstance(d, int) else d.pk for d in deployments]
-    if not ids:
-        return []
-    by_at: dict[datetime, list[MetricPoint]] = defaultdict(list)
-    for point in MetricPoint.objects.filter(deployment_id__in=ids, at__gte=since).order_by(
-        "at", "id"
-    ):
-        by_at[point.at].append(point)
-    return [_merge(by_at[at]) for at in sorted(by_at)]
+    events = DeploymentEvent.objects.filter(
+        deployment_id__in=ids,
+        created_at__gte=since,
+        kind__in=(EventKind.CREATED, EventKind.ACTION, EventKind.STATE),
+    ).order_by("created_at", "id")
+    found = []
+    for event in events:
+        kind = marker_kind(event)
+        if kind is not None:
+            label = (
+                event.message
+                if len(event.message) <= MARKER_LABEL_CHARS
+                else (event.message[: MARKER_LABEL_CHARS - 1] + "…")
+            )
+            found.append(Marker(event.created_at, kind, label, event.deployment_id))
+    return found
 
 
 def source_status(deployment: Deployment) -> list[SourceStatus]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from django import template
 
-from portal.web import charts
-
 register = template.Library()
 
 
@@ -22,9 +20,6 @@ def seconds(value: float | None) -> str:
         return f"{minutes} min {secs} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
-
-
-register.filter("number", charts.number)
 
 
 @register.filter

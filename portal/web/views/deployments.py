@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
@@ -26,14 +27,16 @@ from portal.metrics import services as metrics
 from portal.registry import services as registry_services
 from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
-from portal.web import charts, summaries
+from portal.web import summaries
 from portal.web.forms import DeployForm, show_service_errors
 from portal.web.snippets import call_context
 from portal.web.teams import TeamContext, team_context
 from portal.web.views.registry import get_model, require_write
 
-#: The charts cover this much time.
-CHART_WINDOW = timedelta(hours=1)
+#: The window the charts open on (static/web/charts.js offers the others of RANGES).
+CHART_RANGE = "1h"
+CHART_RANGE_LABELS = {"15m": "15 min", "1h": "1 h", "6h": "6 h", "24h": "24 h"}
+CHART_WINDOW = timedelta(minutes=metrics.RANGES[CHART_RANGE])
 
 
 @login_required
@@ -222,14 +225,17 @@ def deployment_act(request: HttpRequest, team: str, pk: int, action: str) -> Htt
     return redirect("web:deployment_detail", team=team, pk=pk)
 
 
-def _charts_context(deployments: list[Deployment]) -> dict:
-    until = timezone.now()
-    since = until - CHART_WINDOW
-    points = metrics.series(deployments, since)
+def _charts_context(deployments: list[Deployment], api_url: str) -> dict:
+    """What the charts' fragment needs before its script takes over: the API it reads, the
+    ranges, and (for a page without JavaScript, and the first paint) sources and emptiness."""
+    since = timezone.now() - CHART_WINDOW
+    has_points = metrics.has_points(deployments, since)
     sources = [s for d in deployments for s in metrics.source_status(d)]
     return {
-        "charts": [charts.build(spec, points, since, until) for spec in metrics.CHARTS],
-        "has_points": bool(points),
+        "api_url": api_url,
+        "ranges": [(key, CHART_RANGE_LABELS[key]) for key in metrics.RANGES],
+        "default_range": CHART_RANGE,
+        "has_points": has_points,
         "sources": sources,
         "sources_down": [s for s in sources if not s.up],
         "live": any(d.observed_state in LIVE_STATES for d in deployments),
@@ -244,7 +250,11 @@ def deployment_metrics(request: HttpRequest, team: str, pk: int) -> HttpResponse
     return render(
         request,
         "web/_metrics.html",
-        {"ctx": ctx, "scope": "deployment", **_charts_context([deployment])},
+        {
+            "ctx": ctx,
+            "scope": "deployment",
+            **_charts_context([deployment], reverse("deployment-metrics", args=[deployment.pk])),
+        },
     )
 
 
@@ -261,5 +271,9 @@ def model_metrics(request: HttpRequest, team: str, model: str) -> HttpResponse:
     return render(
         request,
         "web/_metrics.html",
-        {"ctx": ctx, "scope": "model", **_charts_context(deployments)},
+        {
+            "ctx": ctx,
+            "scope": "model",
+            **_charts_context(deployments, reverse("model-metrics", args=[obj.pk])),
+        },
     )
