@@ -20,13 +20,15 @@ from rest_framework.response import Response
 
 from portal.accounts.access import Access, access_for, default_team
 from portal.accounts.models import CallerKey, Team
-from portal.api import filters, idempotency
+from portal.api import filters, idempotency, log_serializers
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.api.schema import CONFLICT, error
 from portal.core.actors import Actor
 from portal.deployments import caller_keys
+from portal.deployments import logs as instance_logs
 from portal.deployments import services as deployment_services
+from portal.deployments.launchers.base import LogCursorError
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.metrics import services as metrics_services
@@ -390,6 +392,30 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
     serializer_class = s.InstanceOut
     filterset_class = filters.InstanceFilter
     team_field = "deployment__model__team"
+
+    @extend_schema(
+        parameters=[log_serializers.LogQuery],
+        responses={200: log_serializers.LogOut, 400: error("A bad since or tail.")},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def logs(self, request, pk=None):
+        """The instance's log, bounded: the last ``tail`` lines, or those after ``since`` (the
+        previous answer's ``next``). ``follow=1`` waits up to 20 s for new lines, then answers,
+        possibly with none: call again with ``next`` to keep following."""
+        query = log_serializers.LogQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        instance = self.get_object()
+        since = query.validated_data.get("since") or None
+        tail = query.validated_data["tail"]
+        try:
+            if query.validated_data["follow"] and since is not None:
+                chunk = instance_logs.follow_instance_log(instance, since=since, tail=tail)
+            else:
+                chunk = instance_logs.read_instance_log(instance, since=since, tail=tail)
+        except LogCursorError as exc:
+            raise ValidationError({"since": [str(exc)]}) from exc
+        body = {"lines": chunk.lines, "next": chunk.next, "ended": chunk.ended}
+        return Response(log_serializers.LogOut(body).data)
 
 
 class CallerKeyViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):

@@ -11,11 +11,14 @@ import copy
 import json
 import re
 import threading
+import time
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
+POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
 
 def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -33,6 +36,10 @@ class FakeKubeApi:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
+        #: (namespace, pod) → [(RFC 3339 time, line)], as the kubelet would keep them.
+        self.logs: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        #: The query of each log request, to check what the launcher asked for.
+        self.log_queries: list[dict[str, list[str]]] = []
         self.lock = threading.Lock()
         api = self
 
@@ -50,6 +57,17 @@ class FakeKubeApi:
 
             def _handle(self, method: str) -> None:
                 url = urlparse(self.path)
+                log = POD_LOG.match(url.path)
+                if log is not None and method == "GET":
+                    with api.lock:
+                        code, text = api.pod_log(*log.groups(), parse_qs(url.query))
+                    data = text.encode()
+                    self.send_response(code)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 match = PATH.match(url.path)
                 if match is None:
                     self._send(404, status(404, "NotFound"))
@@ -127,7 +145,33 @@ class FakeKubeApi:
             return 200, status(200, "")
         return 405, status(405, "MethodNotAllowed")
 
+    def pod_log(self, namespace: str, name: str, query: dict[str, list[str]]) -> tuple[int, str]:
+        """``sinceSeconds``, ``tailLines``, ``limitBytes`` and ``timestamps`` as the kubelet
+        applies them (the time filter against this machine's clock)."""
+        self.log_queries.append(query)
+        if ("pods", namespace, name) not in self.objects:
+            return 404, json.dumps(status(404, "NotFound"))
+        lines = list(self.logs.get((namespace, name), []))
+        if "sinceSeconds" in query:
+            cutoff = time.time() - int(query["sinceSeconds"][0])
+            lines = [(t, line) for t, line in lines if _unix(t) >= cutoff]
+        if "tailLines" in query:
+            count = int(query["tailLines"][0])
+            lines = lines[-count:] if count else []
+        stamped = query.get("timestamps", ["false"])[0].lower() == "true"  # Go reads "True"
+        text = "".join(f"{t} {line}\n" if stamped else f"{line}\n" for t, line in lines)
+        if "limitBytes" in query:
+            text = text.encode()[: int(query["limitBytes"][0])].decode("utf-8", "ignore")
+        return 200, text
+
     # --- what the test does as the cluster -----------------------------------------------
+
+    def log(self, namespace: str, name: str, line: str, at: float | None = None) -> None:
+        """Append a line to a pod's log, stamped with ``at`` (default now) in nanoseconds."""
+        moment = datetime.fromtimestamp(time.time() if at is None else at, tz=UTC)
+        stamp = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond:06d}123Z"
+        with self.lock:
+            self.logs.setdefault((namespace, name), []).append((stamp, line))
 
     def put(self, resource: str, namespace: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -148,3 +192,9 @@ def status(code: int, reason: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+
+
+def _unix(stamp: str) -> float:
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    return seconds + float(f"0.{fraction or 0}")

@@ -10,8 +10,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from portal.deployments.launchers.base import (
+    LOG_CHUNK_LINES,
+    LOG_DEFAULT_TAIL,
     Health,
     Launcher,
+    LogChunk,
+    LogCursorError,
     ObservedInstance,
     Route,
     VersionSet,
@@ -32,10 +36,13 @@ class MemoryLauncher(Launcher):
     by_set: ClassVar[dict[str, list[str]]] = {}
     #: route path → Unix time of its last request, as gateways would report it.
     requests: ClassVar[dict[str, float]] = {}
+    #: instance name → its log lines; the cursor is the number of lines read.
+    logs: ClassVar[dict[str, list[str]]] = {}
 
     @classmethod
     def reset(cls) -> None:
         cls.table, cls.routes, cls.stop_calls, cls.by_set, cls.requests = {}, [], [], {}, {}
+        cls.logs = {}
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
 
@@ -80,6 +87,24 @@ class MemoryLauncher(Launcher):
 
     def last_requests(self) -> dict[str, float]:
         return dict(MemoryLauncher.requests)
+
+    def read_log(
+        self,
+        version_set: VersionSet,
+        name: str,
+        *,
+        since: str | None = None,
+        tail: int = LOG_DEFAULT_TAIL,
+    ) -> LogChunk:
+        lines = self.logs.get(name, [])
+        if since is not None and not since.isdigit():
+            raise LogCursorError(f"since={since!r} is not a line count.")
+        start = max(0, len(lines) - tail) if since is None else min(int(since), len(lines))
+        chunk = lines[start : start + LOG_CHUNK_LINES]
+        entry = self.table.get(name)
+        gone = entry is None or entry[2] in (Health.EXITED, Health.CRASHED)
+        end = start + len(chunk)
+        return LogChunk(chunk, str(end), ended=gone and end == len(lines))
 
     # --- what the test does to the world ------------------------------------------------------
 

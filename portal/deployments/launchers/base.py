@@ -123,6 +123,32 @@ class Route:
     shares: tuple[TrafficShare, ...]
 
 
+#: The most one :meth:`Launcher.read_log` call returns: a page polling a log never makes the
+#: portal hold or send more than this, however large the log has grown.
+LOG_CHUNK_BYTES = 256 * 1024
+LOG_CHUNK_LINES = 2000
+#: How many lines a first read (no cursor) returns: the end of the log, not its beginning.
+LOG_DEFAULT_TAIL = 200
+
+
+class LogCursorError(ValueError):
+    """A ``since`` cursor this launcher did not hand out (the API answers 400)."""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A bounded piece of an instance's log.
+
+    ``next`` is an opaque cursor: passed back as ``since``, the next read starts right after
+    these lines. ``ended`` says the instance is gone and this chunk reaches the end of its log,
+    so a reader following it can stop.
+    """
+
+    lines: list[str]
+    next: str
+    ended: bool
+
+
 class Launcher(abc.ABC):
     """Start, stop (with drain) and observe instances, and point a route's traffic at them."""
 
@@ -167,3 +193,17 @@ class Launcher(abc.ABC):
         deployments; None when this launcher cannot tell, and then nothing is retired for
         idleness. The local launcher reads what its gateways record."""
         return None
+
+    @abc.abstractmethod
+    def read_log(
+        self,
+        version_set: VersionSet,
+        name: str,
+        *,
+        since: str | None = None,
+        tail: int = LOG_DEFAULT_TAIL,
+    ) -> LogChunk:
+        """At most :data:`LOG_CHUNK_LINES` lines (:data:`LOG_CHUNK_BYTES`) of the named
+        instance's log: the last ``tail`` lines when ``since`` is None, else the lines after
+        that cursor. An instance whose log is gone answers no lines and ``ended``. Raises
+        :class:`LogCursorError` for a cursor it cannot read."""

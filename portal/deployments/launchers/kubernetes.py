@@ -13,6 +13,9 @@ against a real cluster on our machines; the tests drive it against a small fake 
 from __future__ import annotations
 
 import contextlib
+import math
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +26,13 @@ from kubernetes.client.exceptions import ApiException
 from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import (
+    LOG_CHUNK_BYTES,
+    LOG_CHUNK_LINES,
+    LOG_DEFAULT_TAIL,
     Health,
     Launcher,
+    LogChunk,
+    LogCursorError,
     ObservedInstance,
     Route,
     VersionSet,
@@ -41,6 +49,9 @@ CRASH_REASONS = frozenset(
     }
 )
 GATEWAY_API = ("gateway.networking.k8s.io", "v1", "httproutes")
+#: The cursor of a log nothing was read from yet: the next read starts at its beginning.
+LOG_START = "1970-01-01T00:00:00Z"
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z$")
 
 
 def _missing(exc: ApiException) -> bool:
@@ -125,6 +136,60 @@ class KubernetesLauncher(Launcher):
         if not current.spec.replicas:
             with contextlib.suppress(ApiException):
                 self.apps.delete_namespaced_deployment(version_set.key, self.namespace)
+
+    # --- logs ---------------------------------------------------------------------------------
+
+    def read_log(
+        self,
+        version_set: VersionSet,
+        name: str,
+        *,
+        since: str | None = None,
+        tail: int = LOG_DEFAULT_TAIL,
+    ) -> LogChunk:
+        """The pod's log with Kubernetes' own timestamps; the cursor is the last line's
+        timestamp. A read asks for ``since_seconds`` back to it (whole seconds, so a little
+        more) and drops the lines at or before it; a first read asks for ``tail_lines``.
+        ``limit_bytes`` bounds every answer. A crash-looping pod's waiting container has no
+        log yet: a first read then shows its previous run's."""
+        after = _log_time(since) if since else None
+        try:
+            pod = self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if _missing(exc):
+                return LogChunk([], since or LOG_START, ended=True)
+            raise
+        phase = pod.status.phase if pod.status else None
+        ended = phase in ("Failed", "Succeeded")
+        options: dict[str, Any] = {"timestamps": True, "limit_bytes": LOG_CHUNK_BYTES}
+        if after is None:
+            options["tail_lines"] = max(0, min(tail, LOG_CHUNK_LINES))
+        else:
+            back = datetime.now(UTC).timestamp() - after[0]
+            options["since_seconds"] = max(1, math.ceil(back) + 1)
+        try:
+            text = self._log_text(name, options)
+        except ApiException as exc:
+            if exc.status != 400 or after is not None:  # 400: the container is not running
+                raise
+            try:
+                text = self._log_text(name, {**options, "previous": True})
+            except ApiException:
+                text = ""
+        stamped = _stamped_lines(text, full=len(text.encode()) < LOG_CHUNK_BYTES)
+        if after is not None:
+            stamped = [(t, line) for t, line in stamped if _log_time(t) > after]
+        stamped = stamped[:LOG_CHUNK_LINES]
+        cursor = stamped[-1][0] if stamped else (since or LOG_START)
+        return LogChunk([line for _, line in stamped], cursor, ended=ended and not stamped)
+
+    def _log_text(self, name: str, options: dict[str, Any]) -> str:
+        # Unparsed: the client would otherwise json-decode a log that happens to be one JSON
+        # line and hand back a dict's repr.
+        answer = self.core.read_namespaced_pod_log(
+            name, self.namespace, _preload_content=False, **options
+        )
+        return bytes(answer.data).decode("utf-8", "replace")
 
     # --- traffic ------------------------------------------------------------------------------
 
@@ -263,3 +328,27 @@ def _observed(pod: Any) -> ObservedInstance:
             name, Health.STARTING, endpoints, scheduled.message or "unscheduled"
         )
     return ObservedInstance(name, Health.STARTING, endpoints, "starting")
+
+
+def _log_time(value: str) -> tuple[int, int]:
+    """An RFC 3339 UTC timestamp as (Unix seconds, nanoseconds), so that Kubernetes' trimmed
+    fractions (``.1Z`` after ``.12Z``) compare right."""
+    match = _TIMESTAMP.match(value)
+    if match is None:
+        raise LogCursorError(f"since={value!r} is not a cursor of this log (an RFC 3339 time).")
+    seconds = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    return int(seconds), int((match[2] or "0").ljust(9, "0"))
+
+
+def _stamped_lines(text: str, *, full: bool) -> list[tuple[str, str]]:
+    """``(timestamp, line)`` pairs of a ``timestamps=true`` log; when the answer was cut at
+    ``limit_bytes`` (not ``full``), its last line may be cut too and is left for the next read."""
+    rows = text.split("\n")
+    if rows and (rows[-1] == "" or (not full and len(rows) > 1)):
+        rows.pop()
+    found = []
+    for row in rows:
+        stamp, _, line = row.partition(" ")
+        if _TIMESTAMP.match(stamp):
+            found.append((stamp, line.rstrip("\r")))
+    return found

@@ -31,12 +31,18 @@ from django.conf import settings
 
 from portal.core.redis_clients import redis_client
 from portal.deployments.launchers.base import (
+    LOG_CHUNK_BYTES,
+    LOG_CHUNK_LINES,
+    LOG_DEFAULT_TAIL,
     Health,
     Launcher,
+    LogChunk,
+    LogCursorError,
     ObservedInstance,
     Route,
     VersionSet,
 )
+from portal.deployments.logs import format_line
 from serving.gateway import table
 
 RECORD = "instance.json"
@@ -46,6 +52,9 @@ READY_LINE = re.compile(
     r"metrics=(?P<metrics>\d+)$",
     re.MULTILINE,
 )
+#: Logs of crashed instances kept per version set after :meth:`LocalLauncher.forget` (the rest
+#: of their run directory goes), so a failed instance's page can still show how it ended.
+KEEP_CRASHED_LOGS = 10
 #: A draining instance still alive this long after its drain deadline is killed.
 KILL_GRACE_SECONDS = 10.0
 HEALTH_TIMEOUT_SECONDS = 2.0
@@ -162,7 +171,19 @@ class LocalLauncher(Launcher):
             record = _read_record(directory)
             if record is not None and _process(record) is not None:
                 continue  # still running: never drop the only handle on a live process
+            if record is not None and not record.get("stop_requested_at"):
+                # A crash: keep only its log, for the failed instance's page.
+                for path in directory.iterdir() if directory.is_dir() else []:
+                    if path.name == LOG:
+                        continue
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+                if (directory / LOG).exists():
+                    continue
             shutil.rmtree(directory, ignore_errors=True)
+        self._prune_crashed_logs(version_set)
         with contextlib.suppress(OSError):
             self._set_dir(version_set).rmdir()  # only if now empty
 
@@ -182,8 +203,55 @@ class LocalLauncher(Launcher):
             stopped.append(record["name"])
         return stopped
 
+    def _prune_crashed_logs(self, version_set: VersionSet) -> None:
+        """Only the newest :data:`KEEP_CRASHED_LOGS` kept logs of a set stay."""
+        directory = self._set_dir(version_set)
+        if not directory.is_dir():
+            return
+        kept = [p for p in directory.iterdir() if p.is_dir() and not (p / RECORD).exists()]
+        kept.sort(key=lambda p: _mtime(p / LOG), reverse=True)
+        for path in kept[KEEP_CRASHED_LOGS:]:
+            shutil.rmtree(path, ignore_errors=True)
+
     def _set_dir(self, version_set: VersionSet) -> Path:
         return self.run_root / version_set.key
+
+    # --- logs ---------------------------------------------------------------------------------
+
+    def read_log(
+        self,
+        version_set: VersionSet,
+        name: str,
+        *,
+        since: str | None = None,
+        tail: int = LOG_DEFAULT_TAIL,
+    ) -> LogChunk:
+        """The cursor is a byte offset into ``instance.log``; the file is read from there (or
+        from its last :data:`LOG_CHUNK_BYTES` for a first read), never whole."""
+        offset = _offset(since)
+        directory = self._set_dir(version_set) / name
+        record = _read_record(directory)
+        gone = record is None or (record.get("pid") is not None and _process(record) is None)
+        try:
+            handle = open(directory / LOG, "rb")  # noqa: SIM115 (closed below)
+        except OSError:
+            return LogChunk([], str(offset or 0), ended=gone)
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if offset is None or offset > size:  # a first read, or a log started over
+                start = max(0, size - LOG_CHUNK_BYTES) if offset is None else 0
+            else:
+                start = offset
+            handle.seek(start)
+            data = handle.read(LOG_CHUNK_BYTES)
+        at_end = gone and start + len(data) >= size
+        lines, consumed = _complete_lines(data, at_end=at_end, cap=offset is not None)
+        if offset is None:
+            if start > 0 and lines:
+                lines = lines[1:]  # the first one begins before the window
+            lines = lines[-tail:] if tail > 0 else []
+        next_offset = start + consumed
+        return LogChunk(lines, str(next_offset), ended=gone and next_offset >= size)
 
     # --- traffic ------------------------------------------------------------------------------
 
@@ -300,8 +368,54 @@ def _ready(endpoints: dict[str, str]) -> bool:
 
 
 def _crash_reason(directory: Path) -> str:
-    tail = _tail(directory / LOG, 5).strip()
-    return "the process exited without being asked to" + (f"; its log ends: {tail}" if tail else "")
+    """One short sentence: the failed start-up step if the log names one, else its last line
+    (formatted, cut to 200 characters). The whole end of the log is the logs page's to show;
+    this text goes into statuses and the timeline, once."""
+    lines = [line for line in _tail(directory / LOG, 50).splitlines() if line.strip()]
+    why = ""
+    for line in reversed(lines):
+        if '"status": "failed"' in line or '"event": "start_aborted"' in line:
+            why = format_line(line, with_time=False)
+            break
+    if not why and lines:
+        why = format_line(lines[-1], with_time=False)
+    if len(why) > 200:
+        why = why[:199] + "…"
+    return "the process exited without being asked to" + (f"; last: {why}" if why else "")
+
+
+def _offset(since: str | None) -> int | None:
+    if since is None or since == "":
+        return None
+    if not since.isdigit():
+        raise LogCursorError(f"since={since!r} is not a cursor of this log (a byte offset).")
+    return int(since)
+
+
+def _complete_lines(data: bytes, *, at_end: bool, cap: bool) -> tuple[list[str], int]:
+    """The whole lines in ``data`` and how many bytes they take. A line still being written is
+    held back (the next read returns it whole), unless the log has ended or one line fills the
+    whole chunk (then it is returned cut, so a reader never stalls on it). With ``cap``, only the
+    first :data:`LOG_CHUNK_LINES` (a tail read keeps the last ones itself)."""
+    cut = data.rfind(b"\n") + 1
+    if cut == 0 and len(data) >= LOG_CHUNK_BYTES:
+        cut = len(data)
+    if at_end:
+        cut = len(data)
+    raw = data[:cut].split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    if cap and len(raw) > LOG_CHUNK_LINES:
+        raw = raw[:LOG_CHUNK_LINES]
+        cut = sum(len(line) + 1 for line in raw)
+    return [line.decode("utf-8", "replace").rstrip("\r") for line in raw], cut
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _tail(path: Path, lines: int) -> str:
