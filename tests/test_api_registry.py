@@ -335,7 +335,7 @@ def test_version_tool_call_format(client, model, release, artifact_root):
             "'TYPE_NOPE' is not a Triton data type",
         ),
         ({"api_surface": "grpc", "io_spec": {**IO_SPEC, "extra": 1}}, "io_spec", "Unknown key(s): extra."),
-        ({"io_spec": IO_SPEC}, "api_surface", "(choose 'grpc')"),
+        ({"io_spec": IO_SPEC, "api_surface": "openai+grpc"}, "api_surface", "(choose 'grpc')"),
         ({"io_spec": IO_SPEC, "api_surface": "grpc", "engine_args": {"dtype": "auto"}}, "engine_args", "vLLM backend only"),
     ],
     ids=["no-io-spec", "no-outputs", "bad-tensor", "unknown-key", "openai-surface", "engine-args"],

@@ -105,6 +105,7 @@ class VersionForm(forms.Form):
         initial=ApiSurface.OPENAI_GRPC,
         widget=forms.RadioSelect,
         label="API surface",
+        required=False,  # not sent: the backend's own (the Python backend has only one)
     )
     tool_call_parser = forms.ChoiceField(
         choices=ToolCallParser.choices,
@@ -170,6 +171,7 @@ class VersionForm(forms.Form):
             for name, value in self.cleaned_data.items()
             if name not in ("kept_model_py", "kept_model_py_name")
         }
+        data["api_surface"] = data.get("api_surface") or None
         if data.get("backend") == Backend.VLLM:
             data["io_spec"], data["python_model"] = {}, ""
         elif data.get("backend") == Backend.PYTHON:
@@ -183,6 +185,12 @@ def _parse_stages(text: str) -> list[int]:
         return [int(part) for part in text.replace(",", " ").split()]
     except ValueError as exc:
         raise ValidationError("Write whole percentages separated by commas: 10, 50, 100.") from exc
+
+
+def _version_choice(version: ModelVersion) -> str:
+    if version.state == VersionState.READY:
+        return f"v{version.number} ({version.get_backend_display()})"
+    return f"v{version.number} ({version.get_state_display().lower()}: deploys once ready)"
 
 
 class DeployForm(forms.Form):
@@ -234,8 +242,8 @@ class DeployForm(forms.Form):
         service refuses another version's mismatch on submit)."""
         super().__init__(*args, **kwargs)
         version = cast(forms.ModelChoiceField, self.fields["version"])
-        version.queryset = model.versions.filter(state=VersionState.READY)
-        version.label_from_instance = lambda v: f"v{v.number} ({v.get_backend_display()})"  # type: ignore[method-assign,assignment]
+        version.queryset = model.versions.exclude(state=VersionState.FAILED)
+        version.label_from_instance = _version_choice  # type: ignore[method-assign,assignment]
         if not self.initial.get("version"):  # none picked for the visitor: they choose
             version.empty_label = "Choose a version"
         types = cast(forms.ModelChoiceField, self.fields["instance_type"])

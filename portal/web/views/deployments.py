@@ -49,8 +49,10 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
         messages.info(request, "Register a version before deploying.")
         return redirect("web:version_new", team=team, model=model)
     serving = deployment_services.live_red_black(obj)
-    ready = obj.versions.filter(state=VersionState.READY)
-    initial: dict[str, Any] = {"version": ready.first()}
+    candidates = obj.versions.exclude(state=VersionState.FAILED)
+    initial: dict[str, Any] = {
+        "version": candidates.filter(state=VersionState.READY).first() or candidates.first()
+    }
     if serving is not None:  # a rollout keeps the deployment's shape unless changed here
         initial.update(
             replicas=serving.replicas,
@@ -61,8 +63,9 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             max_error_rate=serving.max_error_rate,
         )
     # The version the link names, and nothing else: one that cannot deploy is explained, never
-    # swapped for another (the form then asks which to deploy).
-    not_deployable = None
+    # swapped for another (the form then asks which to deploy). One still being copied or
+    # packaged can deploy (the controller waits for it), which the page says.
+    not_deployable = waits_for = None
     asked = request.GET.get("version", "")
     if asked:
         named = (
@@ -72,12 +75,14 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
         )
         if named is None:
             not_deployable = f"{obj.slug} has no version {asked}."
-        else:
+        elif named.state == VersionState.FAILED:
             not_deployable = registry_services.not_deployable_reason(named)
+        elif named.state != VersionState.READY:
+            waits_for = registry_services.not_deployable_reason(named)
         initial["version"] = None if not_deployable else named
     shown = initial["version"]
     if request.method == "POST" and str(request.POST.get("version", "")).isdigit():
-        shown = ready.filter(pk=request.POST["version"]).first()
+        shown = candidates.filter(pk=request.POST["version"]).first()
     form = DeployForm(
         request.POST or None,
         model=obj,
@@ -105,7 +110,8 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "advice": advice,
             "serving": serving,
             "not_deployable": not_deployable,
-            "no_ready": not ready.exists(),
+            "waits_for": waits_for,
+            "nothing_to_deploy": not candidates.exists(),
         },
     )
 
