@@ -261,7 +261,9 @@ def test_an_author_deploys_the_embedding_demo_and_calls_it_from_the_snippet_show
     page.get_by_role("button", name="Register and add a version").click()
     page.get_by_label("Artifact source").fill(f"file://{artifact}")
     page.get_by_label("Python (custom model.py)").check()
-    page.get_by_label("KServe v2 gRPC only (standalone Triton)").check()
+    # The Python backend has one API surface: the form says so instead of offering a choice.
+    assert page.get_by_test_id("python-surface").is_visible()
+    assert not page.get_by_label("KServe v2 gRPC only (standalone Triton)").is_visible()
     page.get_by_label("I/O spec (Python backend)").fill(json.dumps(IO_SPEC))
     model_py = Path(__file__).parents[2] / "serving" / "demo_embedding_model.py"
     page.get_by_label("model.py (Python backend)").set_input_files(str(model_py))
