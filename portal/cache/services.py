@@ -214,8 +214,8 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
         **progress.snapshot(),
     )
     staging = cache.staging(f"version-{version.pk}")
-    staging.keep_only_for(version.artifact_uri)
     try:
+        staging.keep_only_for(version.artifact_uri)
         with Heartbeat(record.pk, progress, lease) as heartbeat:
             source = open_source(version.artifact_uri)
             manifest = copy_version(source, cache, staging, progress, copy_options())
