@@ -248,6 +248,8 @@ class DeployForm(forms.Form):
             version.empty_label = "Choose a version"
         types = cast(forms.ModelChoiceField, self.fields["instance_type"])
         types.queryset = InstanceType.objects.filter(pk__in=[t.pk for t in instance_types])
+        if len(instance_types) < InstanceType.objects.filter(is_active=True).count():
+            types.help_text = "Types that cannot serve this version's backend are not listed."
 
     def clean_stages(self) -> list[int]:
         return _parse_stages(self.cleaned_data["stages"])

@@ -284,3 +284,29 @@ def test_a_staging_area_of_another_source_is_not_resumed(settings, tmp_path):
     assert staging.file("config.json").exists()
     staging.keep_only_for("file:///b")
     assert not staging.file("config.json").exists()
+
+
+def test_an_operator_sets_the_backends_in_the_admin(db):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    root = get_user_model().objects.create_superuser(username="root", password="pw-root")
+    client = Client()
+    client.force_login(root)
+    fields = {
+        "name": "gpu-llm",
+        "description": "",
+        "accelerator": "nvidia-h100",
+        "gpus": 1,
+        "cpus": 8,
+        "memory_gib": 64,
+        "node_selector": "{}",
+        "tolerations": "[]",
+        "engine": "auto",
+        "is_active": "on",
+    }
+    refused = client.post("/admin/deployments/instancetype/add/", fields)
+    assert refused.status_code == 200 and "This field is required" in refused.content.decode()
+    added = client.post("/admin/deployments/instancetype/add/", {**fields, "backends": ["vllm"]})
+    assert added.status_code == 302, added.content.decode()[:3000]
+    assert InstanceType.objects.get(name="gpu-llm").backends == ["vllm"]

@@ -197,6 +197,7 @@ def test_the_deploy_form_offers_and_accepts_only_types_that_can_serve_it(
     url = reverse("web:deploy", args=[team.slug, model.slug])
     page = client.get(f"{url}?version={version.number}").content.decode()
     assert "cpu-local" in page and "gpu-llm" not in page
+    assert "cannot serve this version&#x27;s backend are not listed" in page
     # A type the page did not offer (another version's page, a stale tab) is refused on it.
     llm = ready(make_version(model, artifact_root, artifact_uri=weights(artifact_root, "llm")))
     gpu = InstanceType.objects.get(name="gpu-llm")
