@@ -118,12 +118,14 @@ class ScopedViewSet(viewsets.GenericViewSet):
         query = s.MetricsQuery(data=self.request.query_params)
         query.is_valid(raise_exception=True)
         until = timezone.now()
-        since = until - timedelta(minutes=query.validated_data["minutes"])
-        by_version = metrics_services.version_series(deployments, since)
+        window = timedelta(minutes=query.validated_data["minutes"])
+        since, step = until - window, metrics_services.bin_seconds(window)
+        by_version = metrics_services.version_series(deployments, since, step)
         body = {
             "since": since,
             "until": until,
-            "points": metrics_services.series(deployments, since),
+            "step": step,
+            "points": metrics_services.series(deployments, since, step),
             "versions": [{"version": n, "points": p} for n, p in by_version.items()],
             "markers": metrics_services.markers(deployments, since),
             "sources": [src for d in deployments for src in metrics_services.source_status(d)],

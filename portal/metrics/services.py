@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -62,6 +62,8 @@ COUNT_FIELDS = ("sources_up", "sources_down")
 
 #: The windows the charts offer, by the ``range`` the API takes, in minutes.
 RANGES: dict[str, int] = {"15m": 15, "1h": 60, "6h": 360, "24h": 1440}
+#: The most entries a chart's series gets; longer windows average passes into bins.
+MAX_CHART_POINTS = 720
 #: A marker's label is the event's message, cut to this many characters.
 MARKER_LABEL_CHARS = 120
 
@@ -313,14 +315,14 @@ def _values_of(point: MetricPoint) -> dict[str, Any]:
     return values
 
 
-def _merge(at: datetime, entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Several deployments' (or versions') values of one pass as one: rates add up, usage is a
-    mean, the hit rate a request-weighted mean, and quantiles come from the summed bucket
-    deltas."""
+def _merge(at: datetime, entries: Sequence[dict[str, Any]], passes: int = 1) -> dict[str, Any]:
+    """Several deployments' (or versions') values of ``passes`` passes as one: rates add up
+    (and are averaged over the passes), usage is a mean, the hit rate a request-weighted mean,
+    and quantiles come from the summed bucket deltas (exact over the passes, too)."""
     merged: dict[str, Any] = {"at": at}
     for name in RATE_FIELDS:
         values = [e[name] for e in entries if e.get(name) is not None]
-        merged[name] = sum(values) if values else None
+        merged[name] = sum(values) / passes if values else None
     histograms = {
         "ttft": bk.merge(bk.from_json(e.get("ttft_buckets") or {}) for e in entries),
         "e2e": bk.merge(bk.from_json(e.get("e2e_buckets") or {}) for e in entries),
@@ -330,7 +332,7 @@ def _merge(at: datetime, entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     merged["kv_cache_usage"] = sum(usages) / len(usages) if usages else None
     merged["prefix_cache_hit_rate"] = _weighted_hit_rate(entries)
     for name in COUNT_FIELDS:
-        merged[name] = sum(e.get(name) or 0 for e in entries)
+        merged[name] = round(sum(e.get(name) or 0 for e in entries) / passes)
     return merged
 
 
@@ -360,17 +362,49 @@ def has_points(deployments: Iterable[Deployment | int], since: datetime) -> bool
     return MetricPoint.objects.filter(deployment_id__in=ids, at__gte=since).exists()
 
 
-def series(deployments: Iterable[Deployment | int], since: datetime) -> list[dict[str, Any]]:
-    """The points of ``deployments`` since ``since``, one entry per scrape pass, oldest first:
+def bin_seconds(window: timedelta) -> float | None:
+    """How many seconds of passes :func:`series` averages into one entry over ``window``:
+    None (every pass) while the window holds at most ``MAX_CHART_POINTS`` passes, so a day
+    is 720 entries of two minutes rather than 5,760 of 15 s, and the page stays light."""
+    step = window.total_seconds() / MAX_CHART_POINTS
+    return step if step > _setting("METRICS_SCRAPE_SECONDS", 15.0) else None
+
+
+def _binned(
+    by_at: dict[datetime, list[dict[str, Any]]], step: float | None
+) -> list[dict[str, Any]]:
+    """One entry per pass, or per ``step`` seconds (bins aligned to the epoch, so totals and
+    versions, and one refresh and the next, cut time the same way), stamped with the bin's
+    start."""
+    if step is None:
+        return [_merge(at, by_at[at]) for at in sorted(by_at)]
+    bins: dict[float, list[datetime]] = defaultdict(list)
+    for at in sorted(by_at):
+        bins[at.timestamp() // step * step].append(at)
+    return [
+        _merge(
+            datetime.fromtimestamp(start, tz=UTC),
+            [entry for at in ats for entry in by_at[at]],
+            passes=len(ats),
+        )
+        for start, ats in sorted(bins.items())
+    ]
+
+
+def series(
+    deployments: Iterable[Deployment | int], since: datetime, step: float | None = None
+) -> list[dict[str, Any]]:
+    """The points of ``deployments`` since ``since``, one entry per scrape pass (or per
+    ``step`` seconds, see :func:`bin_seconds`), oldest first:
     ``{"at": datetime, "<field>": float | None, ..., "sources_up": int, "sources_down": int}``."""
     by_at: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
     for point in _points(deployments, since):
         by_at[point.at].append(_values_of(point))
-    return [_merge(at, by_at[at]) for at in sorted(by_at)]
+    return _binned(by_at, step)
 
 
 def version_series(
-    deployments: Iterable[Deployment | int], since: datetime
+    deployments: Iterable[Deployment | int], since: datetime, step: float | None = None
 ) -> dict[int, list[dict[str, Any]]]:
     """The same points split by model version number: ``{2: [entry, ...], 1: [...]}``, each
     entry shaped as :func:`series`'s. A version has an entry only for the passes that read one
@@ -382,8 +416,7 @@ def version_series(
         for number, values in (point.versions or {}).items():
             by_version[int(number)][point.at].append(values)
     return {
-        number: [_merge(at, passes[at]) for at in sorted(passes)]
-        for number, passes in sorted(by_version.items(), reverse=True)
+        number: _binned(passes, step) for number, passes in sorted(by_version.items(), reverse=True)
     }
 
 

@@ -32,7 +32,16 @@ def scraped(deployment):
 def test_a_deployments_metrics(api, member, scraped):
     deployment, url = scraped
     body = ok(api(member).get(f"/api/v1/deployments/{deployment.pk}/metrics/?minutes=5"))
-    assert set(body) == {"since", "until", "points", "versions", "markers", "sources", "charts"}
+    assert set(body) == {
+        "since",
+        "until",
+        "step",
+        "points",
+        "versions",
+        "markers",
+        "sources",
+        "charts",
+    }
     first, last = body["points"]
     assert first["requests_per_s"] is None and last["requests_per_s"] == pytest.approx(2.0)
     assert last["ttft_p50"] > 0 and last["sources_up"] == 1

@@ -11,9 +11,12 @@ from django.utils import timezone
 from portal.core.actors import CONTROLLER, Actor
 from portal.deployments.lifecycle import record_event
 from portal.deployments.models import EventKind, Instance, InstanceState, ObservedState
+from portal.metrics import buckets as bk
+from portal.metrics.models import MetricPoint
 from portal.metrics.services import (
     CHARTS,
     RANGES,
+    bin_seconds,
     markers,
     scrape_live_instances,
     series,
@@ -153,3 +156,37 @@ def test_the_range_wins_over_minutes(api, member, canary):
 def test_a_bad_range_is_refused(api, member, deployment, bad):
     response = api(member).get(f"/api/v1/deployments/{deployment.pk}/metrics/?range={bad}")
     assert "range" in api_error(response, 400, "invalid")["fields"]
+
+
+def test_long_windows_average_passes_into_bins(deployment, settings):
+    """A day of 15 s passes is 5,760 entries; the charts get 720 of two minutes, each the mean
+    rate of its passes and the quantile of their summed histograms."""
+    settings.METRICS_SCRAPE_SECONDS = 15
+    assert bin_seconds(timedelta(hours=1)) is None
+    assert bin_seconds(timedelta(hours=24)) == 120.0
+    start = timezone.now().replace(microsecond=0) - timedelta(minutes=10)
+    start -= timedelta(seconds=start.timestamp() % 120)  # on a bin's edge
+    for i in range(8):  # 30 s apart, two bins of four: 1, 2, 3, 4 then 5, 6, 7, 8 req/s
+        MetricPoint.objects.create(
+            deployment=deployment,
+            at=start + timedelta(seconds=30 * i),
+            requests_per_s=float(i + 1),
+            sources_up=1,
+            e2e_buckets=bk.to_json({0.1: float(i < 4), 1.0: 1.0, float("inf"): 1.0}),
+            versions={"1": {"requests_per_s": float(i + 1), "sources_up": 1}},
+        )
+    first, second = series([deployment], start, step=120.0)
+    assert (first["at"], second["at"]) == (start, start + timedelta(seconds=120))
+    assert (first["requests_per_s"], second["requests_per_s"]) == (2.5, 6.5)
+    assert first["e2e_p50"] <= 0.1 < second["e2e_p50"]
+    assert first["sources_up"] == 1
+    by_version = version_series([deployment], start, step=120.0)
+    assert [e["requests_per_s"] for e in by_version[1]] == [2.5, 6.5]
+    assert len(series([deployment], start)) == 8
+
+
+def test_a_days_range_answers_bins(api, member, deployment, settings):
+    settings.METRICS_SCRAPE_SECONDS = 15
+    url = f"/api/v1/deployments/{deployment.pk}/metrics/"
+    assert ok(api(member).get(url + "?range=24h"))["step"] == 120.0
+    assert ok(api(member).get(url + "?range=1h"))["step"] is None

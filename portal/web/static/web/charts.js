@@ -71,11 +71,13 @@
             var ctx = u.ctx;
             var left = u.bbox.left, top = u.bbox.top, height = u.bbox.height;
             var lo = u.scales.x.min, hi = u.scales.x.max;
+            var drawn = [];
             ctx.save();
             ctx.lineWidth = 1.5 * devicePixelRatio;
             panel.markers.forEach(function (m) {
               var t = seconds(m.t);
               if (lo == null || t < lo || t > hi) return;
+              drawn.push(m.kind);
               var x = Math.round(u.valToPos(t, "x", true));
               ctx.strokeStyle = KIND_COLOURS[m.kind] || "#868e96";
               ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
@@ -85,6 +87,8 @@
               ctx.stroke();
             });
             ctx.restore();
+            var figure = u.root.closest("figure");
+            if (figure) figure.dataset.marks = drawn.join(",");
           },
         ],
       },
@@ -180,6 +184,16 @@
       s.values.forEach(function (v) { if (v != null) { any = true; peak = Math.max(peak, v); } });
     });
     figure.dataset.hasData = any ? "true" : "false";
+    var note = figure.querySelector("[data-no-data]");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "muted small";
+      note.dataset.noData = "";
+      note.textContent = "No samples in this window" +
+        (chart.key === "prefix_cache" ? ": no request has reached the prefix cache yet." : ".");
+      figure.appendChild(note);
+    }
+    note.hidden = any;
     figure.dataset.peak = String(peak);
     figure.dataset.series = data.series.map(function (s) { return s.label; }).join("|");
     var shape = figure.dataset.series;
@@ -224,7 +238,7 @@
         })
       ),
     };
-    this.plots[chart.key] = new window.uPlot(options, plotData, body);
+    this.plots[chart.key] = figure.portalPlot = new window.uPlot(options, plotData, body);
     this.shapes[chart.key] = shape;
   };
 
