@@ -287,10 +287,12 @@ def test_an_api_call_naming_only_the_version_keeps_the_live_settings(world, memb
     assert DeploymentEvent.objects.count() == events
 
 
-def test_the_current_stage_percent_has_one_home(world, member):
+def test_the_current_stage_and_percent_have_one_home(world, member):
+    """The API's ``current_stage``/``stage_percent`` are the status's (:mod:`.status`): a first
+    Red-Black deploy goes all at once and has no stage, whatever stage the controller counts."""
     from rest_framework.test import APIClient
 
-    from portal.web.summaries import stage_label
+    from portal.deployments.status import describe
 
     deployment = make_deployment(world.model, world.versions[0], world.cpu)
     client = APIClient()
@@ -299,15 +301,27 @@ def test_the_current_stage_percent_has_one_home(world, member):
     def seen() -> tuple:
         deployment.refresh_from_db()
         body = client.get(f"/api/v1/deployments/{deployment.pk}/").json()
-        return deployment.stage_percent, body["stage_percent"], stage_label(deployment)
+        status = describe(deployment)
+        assert body["status"]["headline"] == status.headline
+        return body["current_stage"], body["stage_percent"], status.stage, status.headline
 
-    assert seen() == (None, None, "not started")
+    assert seen() == (0, None, None, "Waiting for v1 to be ready (registered)")
     Deployment.objects.filter(pk=deployment.pk).update(
         current_stage=2, observed_state="progressing"
     )
-    assert seen() == (50, 50, "stage 2 of 3 (50% on v1)")
+    assert seen() == (
+        0,
+        None,
+        None,
+        "Deploying v1 (all at once): waiting for instances (0 of 1 ready)",
+    )
+    # Replacing a serving version is staged: stage 2 of the three asks for 50%.
+    Deployment.objects.filter(pk=deployment.pk).update(
+        previous_version=world.versions[0], target_version=world.versions[1], traffic={1: 90, 2: 10}
+    )
+    assert seen()[:3] == (2, 50, 2)
     Deployment.objects.filter(pk=deployment.pk).update(current_stage=4)  # past the last: none
-    assert seen() == (None, None, "not started")
+    assert seen()[:3] == (0, None, None)
 
 
 # --- quotas -------------------------------------------------------------------------------------

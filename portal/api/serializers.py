@@ -19,6 +19,7 @@ from portal.deployments.models import (
     Strategy,
 )
 from portal.deployments.routing import call_endpoints, endpoint_url
+from portal.deployments.status import DeploymentStatus, describe
 from portal.metrics.services import RANGES as METRIC_RANGES
 from portal.registry.models import (
     ApiSurface,
@@ -221,6 +222,29 @@ class CallEndpointsOut(serializers.Serializer):
     kserve_grpc = serializers.ListField(child=serializers.CharField())
 
 
+class DeploymentStatusOut(serializers.Serializer):
+    """:class:`portal.deployments.status.DeploymentStatus`: its numbers agree with ``traffic``."""
+
+    headline = serializers.CharField(help_text='e.g. "Baking v2 at 50% (stage 2 of 3)".')
+    level = serializers.ChoiceField(choices=["ok", "warn", "bad", "idle"])
+    badge = serializers.CharField(help_text='The health badge: "2 ready", "rolling back".')
+    stage = serializers.IntegerField(
+        allow_null=True, help_text="Stage of a staged rollout in progress or paused, else null."
+    )
+    stage_count = serializers.IntegerField(allow_null=True)
+    stage_percent = serializers.IntegerField(
+        allow_null=True, help_text="Percent on the target version the stage asks for."
+    )
+    version = serializers.IntegerField(
+        allow_null=True,
+        help_text="The version it heads for: the target, or the previous one while rolling back.",
+    )
+    percent = serializers.IntegerField(help_text="That version's share of the traffic now.")
+    progress = serializers.FloatField(help_text="``percent`` as a fraction, 0 to 1.")
+    traffic = serializers.CharField(help_text='The split in words: "v2 50% · v1 50%".')
+    detail = serializers.CharField(help_text="Why, for a rollback (empty otherwise).")
+
+
 class DeploymentOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     target_version = serializers.IntegerField(source="target_version.number", read_only=True)
@@ -242,8 +266,18 @@ class DeploymentOut(serializers.ModelSerializer):
         "``kserve_grpc`` (the ready instances' own gRPC addresses; the gateway does not proxy "
         "gRPC)."
     )
+    status = serializers.SerializerMethodField(
+        help_text="What the deployment is doing, derived in one place from its state and "
+        "traffic (the page, the dashboard and the admin show the same)."
+    )
+    current_stage = serializers.SerializerMethodField(
+        help_text="The stage of a staged Red-Black rollout in progress or paused (1-based); 0 "
+        "when there is none (all at once, Versioned, serving, rolling back). Same as "
+        "``status.stage``."
+    )
     stage_percent = serializers.SerializerMethodField(
-        help_text="Traffic percent on the target version the current stage asks for."
+        help_text="Traffic percent on the target version the current stage asks for; null "
+        "without a stage. Same as ``status.stage_percent``."
     )
     instances = serializers.SerializerMethodField()
 
@@ -254,7 +288,7 @@ class DeploymentOut(serializers.ModelSerializer):
             "previous_version", "replicas", "instance_type", "stages", "bake_seconds",
             "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
-            "stage_percent", "traffic", "status_message", "endpoint", "call", "instances",
+            "stage_percent", "traffic", "status", "status_message", "endpoint", "call", "instances",
             "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
 
@@ -265,8 +299,23 @@ class DeploymentOut(serializers.ModelSerializer):
     def get_call(self, deployment: Deployment) -> dict[str, Any]:
         return call_endpoints(deployment).as_dict()
 
+    def _status(self, deployment: Deployment) -> DeploymentStatus:
+        """One :func:`describe` per deployment row (three fields read it), kept on the row."""
+        stamp, cached = getattr(deployment, "_described", (None, None))
+        if cached is None or stamp != deployment.updated_at:
+            cached = describe(deployment, deployment.instances.all())
+            deployment._described = (deployment.updated_at, cached)  # type: ignore[attr-defined]
+        return cached
+
+    @extend_schema_field(DeploymentStatusOut)
+    def get_status(self, deployment: Deployment) -> dict[str, Any]:
+        return self._status(deployment).as_dict()
+
+    def get_current_stage(self, deployment: Deployment) -> int:
+        return self._status(deployment).stage or 0
+
     def get_stage_percent(self, deployment: Deployment) -> int | None:
-        return deployment.stage_percent
+        return self._status(deployment).stage_percent
 
     @extend_schema_field(InstanceBriefOut(many=True))
     def get_instances(self, deployment: Deployment) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from portal.deployments.caller_keys import (
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.deployments.services import act
+from portal.deployments.status import describe, traffic_text
 from portal.registry.models import Backend
 
 
@@ -80,13 +81,13 @@ class InstanceInline(admin.TabularInline):
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = [
         "id", "model", "strategy", "target_version", "replicas", "instance_type",
-        "desired_state", "observed_state", "current_stage", "updated_at",
+        "desired_state", "observed_state", "status", "traffic_split", "updated_at",
     ]  # fmt: skip
     list_filter = ["strategy", "observed_state", "desired_state", "instance_type"]
     search_fields = ["model__slug", "model__team__slug", "status_message"]
     readonly_fields = [
         "model", "strategy", "target_version", "previous_version", "desired_state",
-        "promote_requested", "observed_state", "current_stage", "traffic", "status_message",
+        "promote_requested", "observed_state", "status", "traffic_split", "status_message",
         "stages", "bake_seconds", "health_deadline_seconds", "max_error_rate",
         "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
     ]  # fmt: skip
@@ -94,6 +95,23 @@ class DeploymentAdmin(admin.ModelAdmin):
     actions = [
         "request_pause", "request_resume", "request_promote", "request_abort", "request_rollback",
     ]  # fmt: skip
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("model__team", "target_version", "previous_version", "instance_type")
+            .prefetch_related("instances")
+        )
+
+    @admin.display(description="status")
+    def status(self, deployment: Deployment) -> str:
+        """The headline the pages and the API show (:func:`.status.describe`)."""
+        return describe(deployment, deployment.instances.all()).headline
+
+    @admin.display(description="traffic")
+    def traffic_split(self, deployment: Deployment) -> str:
+        return traffic_text(deployment.traffic, deployment.target_version.number)
 
     def has_add_permission(self, request) -> bool:
         return False

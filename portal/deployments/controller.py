@@ -49,7 +49,8 @@ from portal.deployments.models import (
     ObservedState,
 )
 from portal.deployments.rollout_health import scrape_counts
-from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep, Traffic
+from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep
+from portal.deployments.status import traffic_text
 from portal.deployments.strategies import RolloutPlan, plan_for
 from portal.registry.models import ModelVersion, VersionState
 
@@ -199,8 +200,15 @@ def _keep_fallback_share(deployment: Deployment, plan: RolloutPlan, view: View) 
     )
 
 
-def _split(traffic: Traffic) -> str:
-    return ", ".join(f"v{number} {percent}%" for number, percent in traffic.items())
+def _stage_words(plan: RolloutPlan, stage: int) -> str:
+    """``Stage 2 of 3: `` for a staged shift; nothing for all at once, which has no stages."""
+    return f"Stage {stage} of {plan.stage_count}: " if plan.fallback is not None else ""
+
+
+def _paused_reason(deployment: Deployment, plan: RolloutPlan) -> str:
+    split = traffic_text(deployment.traffic, deployment.target_version.number)
+    where = f" at stage {deployment.current_stage} of {plan.stage_count}" if plan.fallback else ""
+    return f"Paused{where}; traffic stays {split}."
 
 
 def _counts(view: View, version: ModelVersion) -> dict[str, RequestCounts]:
@@ -308,8 +316,7 @@ def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float
         transition_deployment(
             deployment,
             D.PAUSED,
-            reason=f"Paused at stage {deployment.current_stage}; traffic stays "
-            f"{_split(deployment.traffic) or 'as it is'}.",
+            reason=_paused_reason(deployment, plan),
         )
         return _interval()
     failure = _rollout_failure(deployment, view)
@@ -325,7 +332,7 @@ def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float
             )
         _update(deployment, **changes)
     if deployment.step.phase == Phase.SHIFT:
-        return _shifted(deployment, view)
+        return _shifted(deployment, plan, view)
     if deployment.step.phase == Phase.BAKE:
         return _bake(deployment, plan, view)
     return _scale(deployment, plan, view)
@@ -343,8 +350,8 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     if ready < want:
         return _waiting(
             deployment,
-            f"Stage {stage}: {ready} of {want} v{target.number} instance(s) passed their "
-            "health check.",
+            f"{_stage_words(plan, stage)}{ready} of {want} v{target.number} instance(s) passed "
+            "their health check.",
         )
     # Every new instance is ready: shift traffic, and only now shrink the old set.
     retiring: list[str] = []
@@ -366,14 +373,14 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     )
     _note(
         deployment,
-        f"Stage {stage}/{len(deployment.stages)}: traffic {_split(traffic)}{draining}.",
+        f"{_stage_words(plan, stage)}traffic {traffic_text(traffic, target.number)}{draining}.",
         traffic=traffic,
         retiring=retiring,
     )
     return 0.0
 
 
-def _shifted(deployment: Deployment, view: View) -> float:
+def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     if not get_launcher().traffic_applied(deployment.step.generation):
         return _waiting(deployment, "Waiting for the gateways to take the new traffic split.")
     _update(
@@ -383,7 +390,11 @@ def _shifted(deployment: Deployment, view: View) -> float:
             bake_started_at=time.time(),
             baseline=_counts(view, deployment.target_version),
         ),
-        status_message=f"Stage {deployment.current_stage}: baking for {deployment.bake_seconds} s.",
+        status_message=(
+            f"{_stage_words(plan, deployment.current_stage)}baking for {deployment.bake_seconds} s."
+            if plan.bakes
+            else "Every instance is ready and takes the traffic."
+        ),
     )
     return _interval()
 
@@ -395,7 +406,8 @@ def _bake(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
             return min(_interval(), ends - time.time())
         _note(
             deployment,
-            f"Stage {deployment.current_stage} baked: healthy, error rate in bounds.",
+            f"Stage {deployment.current_stage} of {plan.stage_count} baked: healthy, error rate "
+            "in bounds.",
             bake_ended_at=ends,
         )
     if deployment.current_stage < plan.stage_count:
@@ -468,6 +480,7 @@ def _rolling_back(deployment: Deployment, plan: RolloutPlan, view: View) -> floa
         deployment,
         D.SERVING,
         reason=f"Rolled back to v{fallback.number} because {reason}.",
+        data={"rolled_back_from": target.number, "reason": reason},
         target_version=fallback,
         previous_version=None,
         current_stage=0,

@@ -111,10 +111,12 @@ def transition_deployment(
     *,
     reason: str,
     actor: Actor = CONTROLLER,
+    data: dict | None = None,
     **changes,
 ) -> Deployment:
     """Move a deployment's observed state, applying ``changes`` to other fields in the same write,
-    and append the event that explains it."""
+    and append the event that explains it (with ``data`` for what reads it back, e.g. the
+    status naming the version a rollback came from)."""
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         current = locked.observed_state
@@ -134,6 +136,7 @@ def transition_deployment(
             message=reason,
             from_state=current,
             to_state=target,
+            data=data,
         )
     deployment.refresh_from_db()
     return deployment

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from portal.registry.display import engine_args_html, io_spec_html
 from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionEvent
 from portal.registry.services import set_default_release
 
@@ -102,12 +103,20 @@ class ModelVersionAdmin(admin.ModelAdmin):
     list_filter = ["state", "backend", "api_surface", "release"]
     search_fields = ["model__slug", "model__team__slug", "artifact_uri"]
     readonly_fields = [
-        "model", "number", "artifact_uri", "backend", "engine_args", "io_spec", "api_surface",
+        "model", "number", "artifact_uri", "backend", "engine_arguments", "io_spec_table", "api_surface",
         "tool_call_parser", "constraint_plugins", "python_model", "release", "state", "failure_reason",
         "package_digest", "package_manifest", "state_changed_at", "created_by", "created_at",
     ]  # fmt: skip
 
     inlines = [VersionEventInline]
+
+    @admin.display(description="engine arguments")
+    def engine_arguments(self, version: ModelVersion) -> str:
+        return engine_args_html(version.engine_args)
+
+    @admin.display(description="I/O spec")
+    def io_spec_table(self, version: ModelVersion) -> str:
+        return io_spec_html(version.io_spec)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -16,6 +16,7 @@ from portal.deployments.models import (
     InstanceState,
     ObservedState,
 )
+from portal.deployments.status import DeploymentStatus, describe
 from portal.registry.models import Model
 
 #: Instances shown on a deployment's page: those running or on their way in or out.
@@ -46,29 +47,22 @@ class HealthBadge:
 
 
 def health_of(deployment: Deployment, instances: list[Instance]) -> HealthBadge:
-    if deployment.observed_state not in LIVE_STATES:
-        return HealthBadge("idle", deployment.get_observed_state_display())
-    running = [i for i in instances if i.state in SHOWN_INSTANCE_STATES]
-    unhealthy = [i for i in running if i.state == InstanceState.UNHEALTHY]
-    ready = [i for i in running if i.state == InstanceState.READY]
-    if unhealthy:
-        return HealthBadge("bad", f"{len(unhealthy)} unhealthy")
-    if deployment.observed_state == ObservedState.ROLLING_BACK:
-        return HealthBadge("warn", "rolling back")
-    if deployment.observed_state in (ObservedState.PENDING, ObservedState.PROGRESSING):
-        return HealthBadge("warn", f"{len(ready)}/{len(running)} ready, rolling out")
-    if deployment.observed_state == ObservedState.PAUSED:
-        return HealthBadge("warn", "paused")
-    if not ready:
-        return HealthBadge("bad", "no ready instance")
-    return HealthBadge("ok", f"{len(ready)} ready")
+    """The badge of :func:`~portal.deployments.status.describe`'s status (one source of truth)."""
+    status = describe(deployment, instances)
+    return HealthBadge(status.level, status.badge)
 
 
 @dataclass
 class ModelRow:
     model: Model
     deployments: list[Deployment] = field(default_factory=list)
+    #: Each deployment's status, in the order of ``deployments``.
+    statuses: list[DeploymentStatus] = field(default_factory=list)
     health: HealthBadge = HealthBadge("idle", "not deployed")
+
+    @property
+    def entries(self) -> list[tuple[Deployment, DeploymentStatus]]:
+        return list(zip(self.deployments, self.statuses, strict=True))
 
     @property
     def serving_versions(self) -> list[str]:
@@ -86,34 +80,52 @@ class ModelRow:
 _BADNESS = {"bad": 3, "warn": 2, "ok": 1, "idle": 0}
 
 
+def _row_badge(statuses: list[DeploymentStatus], ready: int) -> HealthBadge:
+    """The worst of the deployments' badges; when all are fine, the ready instances of all of
+    them (two Versioned deployments with one each are "2 ready", not "1 ready")."""
+    worst = max(statuses, key=lambda s: _BADNESS[s.level])
+    if worst.level == "ok":
+        return HealthBadge("ok", f"{ready} ready")
+    return HealthBadge(worst.level, worst.badge)
+
+
 def model_rows(models) -> list[ModelRow]:
-    """One dashboard row per model, with its live deployments and the worst of their health."""
+    """One dashboard row per model: its live deployments with their status and the worst of
+    their health; a model whose latest deployment failed, with nothing live, shows that one."""
     models = list(models)
-    live = (
-        Deployment.objects.filter(model__in=models, observed_state__in=LIVE_STATES)
-        .select_related("target_version")
-        .prefetch_related(
-            Prefetch("instances", queryset=Instance.objects.filter(state__in=SHOWN_INSTANCE_STATES))
-        )
+    instances = Prefetch(
+        "instances", queryset=Instance.objects.filter(state__in=SHOWN_INSTANCE_STATES)
     )
+    live = list(
+        Deployment.objects.filter(model__in=models, observed_state__in=LIVE_STATES)
+        .select_related("target_version", "previous_version")
+        .prefetch_related(instances)
+        .order_by("created_at")
+    )
+    idle = {m.pk for m in models} - {d.model_id for d in live}
+    failed = [
+        d
+        for d in Deployment.objects.filter(model_id__in=idle)
+        .select_related("target_version", "previous_version")
+        .order_by("model_id", "-created_at")
+        .distinct("model_id")
+        if d.observed_state == ObservedState.FAILED
+    ]
     rows = {m.pk: ModelRow(m) for m in models}
-    for deployment in live:
+    ready: dict[int, int] = {}
+    for deployment in [*live, *failed]:
         row = rows[deployment.model_id]
+        live_one = deployment.observed_state in LIVE_STATES
+        running = list(deployment.instances.all()) if live_one else []
         row.deployments.append(deployment)
-        health = health_of(deployment, list(deployment.instances.all()))
-        if _BADNESS[health.level] > _BADNESS[row.health.level]:
-            row.health = health
+        row.statuses.append(describe(deployment, running))
+        ready[row.model.pk] = ready.get(row.model.pk, 0) + sum(
+            1 for i in running if i.state == InstanceState.READY
+        )
+    for row in rows.values():
+        if row.statuses:
+            row.health = _row_badge(row.statuses, ready.get(row.model.pk, 0))
     return list(rows.values())
-
-
-def traffic_split(deployment: Deployment) -> list[tuple[str, int, str]]:
-    """The traffic bar, old version first: ``(label, percent, role)`` with role old or new."""
-    traffic = deployment.traffic
-    new = deployment.target_version.number
-    bars = [(f"v{n}", p, "old") for n, p in sorted(traffic.items()) if n != new and p > 0]
-    if traffic.get(new):
-        bars.append((f"v{new}", traffic[new], "new"))
-    return bars
 
 
 def available_actions(deployment: Deployment) -> list[tuple[str, str]]:
@@ -128,13 +140,12 @@ def available_actions(deployment: Deployment) -> list[tuple[str, str]]:
     return actions
 
 
+def traffic_split(deployment: Deployment) -> list[tuple[str, int, str]]:
+    """The traffic bar, old versions first: ``(label, percent, role)``, role old or new; the
+    segments of :func:`~portal.deployments.status.describe`'s status."""
+    return [(s.label, s.percent, s.role) for s in describe(deployment).segments]
+
+
 def stage_label(deployment: Deployment) -> str:
-    if deployment.observed_state == ObservedState.SERVING:
-        return "rollout complete"
-    percent = deployment.stage_percent
-    if percent is not None:
-        return (
-            f"stage {deployment.current_stage} of {len(deployment.stages)} "
-            f"({percent}% on v{deployment.target_version.number})"
-        )
-    return "not started"
+    """The status headline (kept for the pages that show only it)."""
+    return describe(deployment).headline

@@ -125,8 +125,8 @@ def test_red_black_scales_new_up_as_old_goes_down_and_never_before_new_is_ready(
     assert (1, 2) in by_stage[3]  # 100%: both new, one old kept until the final bake ends
     assert M.count(1, Health.READY, Health.STARTING, Health.DRAINING) == 0
     messages = [e.message for e in deployment.events.all()]
-    assert "Stage 1/3: traffic v2 25%, v1 75%." in messages
-    assert "Stage 2/3: traffic v2 50%, v1 50%; draining 1 v1 instance(s)." in messages
+    assert "Stage 1 of 3: traffic v2 25% · v1 75%." in messages
+    assert "Stage 2 of 3: traffic v2 50% · v1 50%; draining 1 v1 instance(s)." in messages
 
 
 def test_a_crash_rolls_back_to_the_full_old_set_before_removing_the_new(

@@ -108,7 +108,7 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
         for e in events
         if e.message.startswith("Stage ") and "traffic" in e.message
     }
-    assert list(stage_starts) == ["Stage 1/3", "Stage 2/3", "Stage 3/3"]
+    assert list(stage_starts) == ["Stage 1 of 3", "Stage 2 of 3", "Stage 3 of 3"]
     bounds = [*stage_starts.values(), time.time()]
     shares = []
     for since, until in itertools.pairwise(bounds):
@@ -122,7 +122,7 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
     # New +k as old -k: with 2 replicas, stage 50% runs one of each.
     messages = timeline(deployment)
     assert any(
-        "Stage 2/3: traffic v2 50%, v1 50%; draining 1 v1 instance(s)" in m for m in messages
+        "Stage 2 of 3: traffic v2 50% · v1 50%; draining 1 v1 instance(s)" in m for m in messages
     )
 
     # An operator rollback: v1 is restored at full size before any v2 instance goes.
