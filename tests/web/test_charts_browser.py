@@ -171,3 +171,15 @@ def test_charts_draw_zoom_hover_and_mark_the_rollout(
     texts = values.all_inner_texts()
     assert "3.6 req/s" in texts and "0.4 req/s" in texts, texts
     shot(page, "charts-rollout-hover")
+
+    # On a phone the charts shrink to the screen instead of pushing the page sideways.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_function(
+        "() => { const c = document.querySelector('[data-chart=requests] canvas');"
+        " return c && c.getBoundingClientRect().right <= 390; }"
+    )
+    assert page.evaluate(
+        "() => { const p = document.querySelector('[data-testid=charts]');"
+        " return p.scrollWidth <= p.clientWidth; }"
+    )
+    shot(page, "charts-390")
