@@ -16,6 +16,10 @@ import shutil
 from pathlib import Path
 
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+#: Threads per worker (gunicorn's gthread worker): a page following an instance's log holds one
+#: request open for up to 20 s (a bounded long poll, see portal.deployments.logs), which must
+#: not take a whole worker process from everyone else.
+threads = int(os.environ.get("WEB_THREADS", "8"))
 accesslog = "-"
 graceful_timeout = 20
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection
+
 from portal.deployments.launchers.base import LOG_CHUNK_LINES, LOG_DEFAULT_TAIL, LogChunk
 
 #: The lines a failed instance's summary shows.
@@ -106,12 +108,15 @@ def follow_instance_log(
 ) -> LogChunk:
     """A bounded long poll: the next lines after ``since`` as soon as there are some, polling
     every ``poll_seconds``, else after ``wait_seconds`` an empty chunk (a sync web worker is
-    held for at most that long, never for an open-ended stream)."""
+    held for at most that long, never for an open-ended stream). The wait holds no database
+    connection: the first read loaded everything the next ones need."""
     deadline = time.monotonic() + wait_seconds
     while True:
         chunk = read_instance_log(instance, since=since, tail=tail)
         if chunk.lines or chunk.ended or time.monotonic() >= deadline:
             return chunk
+        if not connection.in_atomic_block:
+            connection.close()
         since = chunk.next
         time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
