@@ -61,7 +61,7 @@ def engine_args_html(engine_args: Any) -> SafeString:
     items = engine_arg_items(engine_args)
     if not items:
         return format_html("{}", "defaults")
-    return format_html_join(format_html("<br>"), "<code>{} = {}</code>", items)
+    return format_html_join("", "<div><code>{} = {}</code></div>", items)
 
 
 def io_spec_html(io_spec: Any) -> SafeString:

@@ -46,12 +46,6 @@ class HealthBadge:
     label: str
 
 
-def health_of(deployment: Deployment, instances: list[Instance]) -> HealthBadge:
-    """The badge of :func:`~portal.deployments.status.describe`'s status (one source of truth)."""
-    status = describe(deployment, instances)
-    return HealthBadge(status.level, status.badge)
-
-
 @dataclass
 class ModelRow:
     model: Model
@@ -138,14 +132,3 @@ def available_actions(deployment: Deployment) -> list[tuple[str, str]]:
             continue
         actions.append((action.value, ACTION_QUESTIONS[action]))
     return actions
-
-
-def traffic_split(deployment: Deployment) -> list[tuple[str, int, str]]:
-    """The traffic bar, old versions first: ``(label, percent, role)``, role old or new; the
-    segments of :func:`~portal.deployments.status.describe`'s status."""
-    return [(s.label, s.percent, s.role) for s in describe(deployment).segments]
-
-
-def stage_label(deployment: Deployment) -> str:
-    """The status headline (kept for the pages that show only it)."""
-    return describe(deployment).headline

@@ -23,6 +23,7 @@ from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment
 from portal.deployments.routing import endpoint_url
+from portal.deployments.status import describe
 from portal.metrics import services as metrics
 from portal.registry import services as registry_services
 from portal.registry.models import VersionState
@@ -157,9 +158,8 @@ def _live_context(deployment: Deployment, seen: int | None, seen_state: str | No
         "fresh": fresh,
         "newest_event": events[0].pk if events else 0,
         "state_changed": seen_state is not None and seen_state != deployment.observed_state,
-        "health": summaries.health_of(deployment, instances),
-        "traffic": summaries.traffic_split(deployment),
-        "stage": summaries.stage_label(deployment),
+        # One status (headline, stage, badge, bar) for the whole live part.
+        "status": describe(deployment, instances),
         "actions": summaries.available_actions(deployment),
     }
 
