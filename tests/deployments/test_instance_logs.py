@@ -150,7 +150,12 @@ def test_a_crash_reason_is_one_short_formatted_line(tmp_path):
     (tmp_path / LOG).write_text("plain start\n" + STEP_FAILED + "\n" + ABORTED + "\n")
     reason = _crash_reason(tmp_path)
     assert "{" not in reason and len(reason) < 300
-    assert reason.endswith("ERROR instance: start-up stopped at start_engine (exit_code=1)")
+    assert reason == (
+        "the process exited without being asked to; last: ERROR instance: start_engine failed "
+        "in 1.25 s: RuntimeError: tritonserver exited with 1"
+    )
+    (tmp_path / LOG).write_text("x" * 500 + "\n")
+    assert len(_crash_reason(tmp_path)) < 260
 
 
 def test_forget_keeps_a_crashed_instances_log_only(local):

@@ -372,13 +372,8 @@ def _crash_reason(directory: Path) -> str:
     (formatted, cut to 200 characters). The whole end of the log is the logs page's to show;
     this text goes into statuses and the timeline, once."""
     lines = [line for line in _tail(directory / LOG, 50).splitlines() if line.strip()]
-    why = ""
-    for line in reversed(lines):
-        if '"status": "failed"' in line or '"event": "start_aborted"' in line:
-            why = format_line(line, with_time=False)
-            break
-    if not why and lines:
-        why = format_line(lines[-1], with_time=False)
+    failed = [line for line in lines if '"status": "failed"' in line]
+    why = format_line((failed or lines or [""])[-1], with_time=False).strip()
     if len(why) > 200:
         why = why[:199] + "…"
     return "the process exited without being asked to" + (f"; last: {why}" if why else "")
