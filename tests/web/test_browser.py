@@ -181,7 +181,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
         page.get_by_label("Bake time (seconds)").fill("40")  # time to roll back mid-rollout
         page.get_by_role("button", name="Deploy").click()
         page.evaluate("window.__noReload = true")
-        stage_seen(page, "Stage 1 of 2 (50% on v2)")
+        stage_seen(page, "Baking v2 at 50% (stage 1 of 2)")
         page.wait_for_function(
             "(document.querySelector('[data-testid=traffic]')?.textContent || '').includes('v2 50%')",
             timeout=120_000,
@@ -196,6 +196,7 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
             "(document.querySelector('[data-testid=traffic]')?.textContent || '').includes('v1 100%')",
             timeout=120_000,
         )
+        stage_seen(page, "Rolled back from v2 to v1")
         shot(page, "08-rolled-back")
         timeline = page.get_by_test_id("timeline").inner_text()
         assert "Rollback requested" in timeline

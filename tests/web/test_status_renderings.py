@@ -106,3 +106,12 @@ def test_the_admin_shows_status_and_traffic_in_words(
         reverse("admin:registry_modelversion_change", args=[v1.pk])
     ).content.decode()
     assert "<code>dtype = auto</code>" in version_page
+
+
+def test_the_model_page_shows_each_live_deployments_headline(
+    signed_in, team, model, release, artifact_root, cpu_instance_type
+):
+    version = make_version(model, artifact_root)
+    make_deployment(model, version, cpu_instance_type, strategy="versioned")
+    page = signed_in.get(reverse("web:model_detail", args=[team.slug, model.slug]))
+    assert "Waiting for v1 to be ready (registered)" in page.content.decode()
