@@ -434,8 +434,8 @@ def marker_kind(event: DeploymentEvent) -> str | None:
     """Which mark a timeline event makes on the charts, if any.
 
     A deploy is a deployment's creation or a new rollout (back to pending from serving); a
-    stage is the controller shifting traffic (its note carries the new split); a rollback is
-    one being asked for or started. Everything else (instances, settings) is left off: the
+    stage is the controller shifting traffic (its note carries the new split and the instances
+    it retires); a rollback is one being asked for or started. Everything else (instances, settings) is left off: the
     charts would drown in lines."""
     data = event.data or {}
     if event.kind == EventKind.CREATED:
@@ -448,8 +448,8 @@ def marker_kind(event: DeploymentEvent) -> str | None:
         return "rollback"
     if event.to_state == ObservedState.PENDING and event.from_state:
         return "deploy"
-    if not event.to_state and "traffic" in data and event.message.startswith("Stage "):
-        return "stage"
+    if not event.to_state and "traffic" in data and "retiring" in data:
+        return "stage"  # the controller's traffic shift (a rollback's restore has no retiring)
     return None
 
 

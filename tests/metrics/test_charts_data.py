@@ -97,7 +97,7 @@ def test_markers_come_from_the_timeline(deployment):
         deployment,
         actor=CONTROLLER,
         kind=EventKind.STATE,
-        message="Stage 1/3: traffic v2 10%, v1 90%.",
+        message="Stage 1 of 3: traffic v2 10% · v1 90%.",
         data={"traffic": {"2": 10, "1": 90}, "retiring": []},
     )
     record_event(
@@ -115,11 +115,18 @@ def test_markers_come_from_the_timeline(deployment):
         from_state=ObservedState.PROGRESSING,
         to_state=ObservedState.ROLLING_BACK,
     )
+    record_event(  # a rollback's restore shifts traffic too, but is no stage
+        deployment,
+        actor=CONTROLLER,
+        kind=EventKind.STATE,
+        message="v1 restored on 1 ready instance(s) and takes 100% of the traffic.",
+        data={"traffic": {"1": 100}},
+    )
     found = markers([deployment], since)
     # The creation (a deploy), the stage, the request and the start of the rollback; not the
     # instance line.
     assert [m.kind for m in found] == ["deploy", "stage", "rollback", "rollback"]
-    assert found[0].label.startswith("Deploy v1") and found[1].label.startswith("Stage 1/3")
+    assert found[0].label.startswith("Deploy v1") and found[1].label.startswith("Stage 1 of 3")
     assert len(found[3].label) == 120 and found[3].label.endswith("…")
     assert all(m.deployment == deployment.pk for m in found)
     assert markers([deployment], timezone.now() + timedelta(seconds=1)) == []

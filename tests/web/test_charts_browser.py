@@ -84,11 +84,11 @@ def rollout(deployment, artifact_root):
         deployment,
         actor=CONTROLLER,
         kind=EventKind.STATE,
-        message=f"Stage 1/3: traffic v{v2.number} 10%, v{v1.number} 90%.",
-        data={"traffic": {str(v2.number): 10, str(v1.number): 90}},
+        message=f"Stage 1 of 3: traffic v{v2.number} 10% · v{v1.number} 90%.",
+        data={"traffic": {str(v2.number): 10, str(v1.number): 90}, "retiring": []},
     )
     # The timeline's rows are stamped now; put the stage change where the canary began.
-    deployment.events.filter(message__startswith="Stage 1/3").update(
+    deployment.events.filter(message__startswith="Stage 1 of 3").update(
         created_at=now - timedelta(minutes=8)
     )
     return deployment, v1.number, v2.number
@@ -125,7 +125,7 @@ def test_charts_draw_zoom_hover_and_mark_the_rollout(
     # charts, oldest first.
     markers = page.get_by_test_id("chart-markers").locator("li")
     assert [m.get_attribute("data-kind") for m in markers.all()] == ["stage", "deploy"]
-    assert "Stage 1/3" in markers.nth(0).inner_text()
+    assert "Stage 1 of 3" in markers.nth(0).inner_text()
 
     # The latency chart reads in ms.
     e2e = page.locator("[data-chart=e2e]")
