@@ -13,7 +13,7 @@ from portal.deployments.launchers import version_set
 from portal.deployments.lifecycle import transition_instance
 from portal.deployments.models import Instance, InstanceState
 from tests.deployments.test_instance_logs import STEP_FAILED, append, run_dir
-from tests.web.test_browser import browser_page  # noqa: F401
+from tests.web.test_browser import browser_page, shot  # noqa: F401
 
 
 def page_url(deployment) -> str:
@@ -54,10 +54,10 @@ def test_a_failed_instance_shows_its_end_once_formatted(
 def test_a_line_appended_to_the_log_appears_without_a_reload(
     live_server,
     member,
-    browser_page,
+    browser_page,  # noqa: F811
     settings,
     tmp_path,
-    deployment,  # noqa: F811
+    deployment,
 ):
     page = browser_page
     _, directory = instance_with_log(
@@ -74,3 +74,9 @@ def test_a_line_appended_to_the_log_appears_without_a_reload(
     append(directory, "appended while watching\n")
     lines.get_by_text("appended while watching").wait_for(timeout=10_000)
     assert page.get_by_test_id("log-status").inner_text() == "following"
+    append(directory, "a long line without spaces: " + "x" * 400 + "\n")
+    lines.get_by_text("a long line without spaces").wait_for(timeout=10_000)
+    page.set_viewport_size({"width": 390, "height": 844})
+    panel = page.get_by_test_id("instance-logs")
+    assert panel.evaluate("e => e.scrollWidth <= e.clientWidth"), "the panel overflows at 390 px"
+    shot(page, "logs-390")
