@@ -43,6 +43,7 @@ EXPECTED_PATHS = {
     "/api/v1/events/{id}/": {"get"},
     "/api/v1/instances/": {"get"},
     "/api/v1/instances/{id}/": {"get"},
+    "/api/v1/instances/{id}/logs/": {"get"},
     "/api/v1/caller-keys/": {"get", "post"},
     "/api/v1/caller-keys/{id}/": {"get", "delete"},
 }

@@ -597,6 +597,12 @@ class MetricsQuery(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # DRF reads a blank optional query parameter as absent; ``?range=`` is a mistake to
+        # report, not a request for the default window.
+        if "range" not in attrs and self.initial_data.get("range") == "":
+            raise serializers.ValidationError(
+                {"range": [f"Choose one of {', '.join(METRIC_RANGES)}."]}
+            )
         if "range" in attrs:
             attrs["minutes"] = METRIC_RANGES[attrs["range"]]
         return attrs
