@@ -255,16 +255,21 @@ class DeployForm(forms.Form):
         return _parse_stages(self.cleaned_data["stages"])
 
 
-class TokenForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text="What uses it, e.g. ci-main.")
-    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
-    expires_in_days = forms.IntegerField(
+def expiry_field() -> forms.IntegerField:
+    """How long a new CI token or caller key lives, in days (both forms ask the same)."""
+    return forms.IntegerField(
         min_value=1,
         max_value=3650,
         required=False,
         label="Expires in (days)",
         help_text="Empty: never expires (revoke it when done).",
     )
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What uses it, e.g. ci-main.")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    expires_in_days = expiry_field()
 
 
 class ModelSlugsField(forms.ModelMultipleChoiceField):
@@ -286,13 +291,7 @@ class CallerKeyForm(forms.Form):
         label="Models it may call",
         help_text="None checked: all of the team's models, including ones registered later.",
     )
-    expires_in_days = forms.IntegerField(
-        min_value=1,
-        max_value=3650,
-        required=False,
-        label="Expires in (days)",
-        help_text="Empty: never expires (revoke it when done).",
-    )
+    expires_in_days = expiry_field()
     requests_per_second = forms.FloatField(
         min_value=0.001,
         required=False,

@@ -129,11 +129,16 @@ async def follow(
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def first_document(
-    client: aioredis.Redis, key: str, saved: Path | None
+async def start_document(
+    client: aioredis.Redis,
+    key: str,
+    saved: Path | None,
+    apply: Callable[[bytes | str], None],
+    what: str,
 ) -> bytes | str | None:
-    """The routing table or key set to serve with from the start: Redis's, else the copy saved
-    by the last gateway."""
+    """Apply the routing table or key set to serve with from the start: Redis's, else the copy
+    saved by the last gateway; save it again. Returns the document applied (None: none, or a
+    malformed one, which is logged and ignored)."""
     try:
         raw = await client.get(key)
     except (aioredis.RedisError, OSError) as exc:
@@ -142,7 +147,16 @@ async def first_document(
     if raw is None and saved is not None:
         raw = table.load_copy(saved)
         if raw is not None:
-            log.info("Redis has no %s: serving with the copy saved in %s", key, saved)
+            log.info("Redis has no %s: serving with the copy saved in %s", what, saved)
+    if raw is None:
+        return None
+    try:
+        apply(raw)
+    except (table.TableError, keys.KeyTableError) as exc:
+        log.error("ignoring the %s: %s", what, exc)
+        return None
+    if saved is not None:
+        table.save_copy(saved, raw)
     return raw
 
 
@@ -160,27 +174,21 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
         prefix=args.prefix,
     )
     table_file = Path(args.table_file) if args.table_file else None
-    raw = await first_document(client, f"{args.prefix}:routes", table_file)
-    if raw is not None:
-        try:
-            gateway.apply(*table.parse(raw))
-        except table.TableError as exc:
-            log.error("ignoring the routing table: %s", exc)
-            raw = None
-        else:
-            if table_file is not None:
-                table.save_copy(table_file, raw)
+    raw = await start_document(
+        client,
+        f"{args.prefix}:routes",
+        table_file,
+        lambda document: gateway.apply(*table.parse(document)),
+        "routing table",
+    )
     keys_file = Path(args.keys_file) if args.keys_file else None
-    raw_keys = await first_document(client, f"{args.prefix}:keys", keys_file)
-    if raw_keys is not None:
-        try:
-            gateway.apply_keys(keys.parse(raw_keys))
-        except keys.KeyTableError as exc:
-            log.error("ignoring the key set: %s", exc)
-            raw_keys = None
-        else:
-            if keys_file is not None:
-                table.save_copy(keys_file, raw_keys)
+    raw_keys = await start_document(
+        client,
+        f"{args.prefix}:keys",
+        keys_file,
+        lambda document: gateway.apply_keys(keys.parse(document)),
+        "key set",
+    )
     gateway_id = f"{socket.gethostname()}:{args.port}:{os.getpid()}"
     runner = web.AppRunner(make_app(gateway), access_log=None, handler_cancellation=False)
     await runner.setup()
