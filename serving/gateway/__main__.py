@@ -213,6 +213,10 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
     )
     await stop.wait()
     follower.cancel()
+    # Wait until it has stopped: a live report it was still writing must not land after the
+    # goodbye below.
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
     with contextlib.suppress(aioredis.RedisError, OSError):
         await client.delete(f"{args.prefix}:live:{gateway_id}")
     await runner.cleanup()  # stops listening, waits for in-flight requests up to the drain time
