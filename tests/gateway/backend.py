@@ -1,6 +1,6 @@
 """A stand-in instance for the gateway tests: a real HTTP server that says who it is.
 
-    python -m tests.gateway.backend --port P --name NAME
+    python -m tests.gateway.backend --port P --name NAME [--host 127.0.0.2]
 
 ``/v1/slow?seconds=S`` answers late, ``/v1/stream`` sends three Server-Sent Events a second
 apart, ``/v1/die`` reads the request and then exits without answering, ``/v1/count`` says how
@@ -71,9 +71,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="any loopback address: a pod's")
     args = parser.parse_args()
     print("BACKEND READY", flush=True)
-    web.run_app(make_app(args.name), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(make_app(args.name), host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":

@@ -19,16 +19,21 @@ def backends():
     """Start backends by name; each is a real server process on its own port."""
     started: list[subprocess.Popen] = []
 
-    def start(name: str) -> Backend:
-        port = free_port()
+    def start(name: str, host: str = "127.0.0.1", port: int | None = None) -> Backend:
+        """``host`` may be any loopback address (127.0.0.2 stands for a pod's)."""
+        port = port or free_port()
+        argv = [
+            sys.executable, "-m", "tests.gateway.backend",
+            "--port", str(port), "--name", name, "--host", host,
+        ]  # fmt: skip
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.gateway.backend", "--port", str(port), "--name", name],
+            argv,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
         )
         started.append(proc)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host}:{port}"
 
         def up() -> bool:
             try:

@@ -249,3 +249,114 @@ def model_cache_volume(
             },
         },
     ]
+
+
+#: The platform gateway's port, in the pod and on its Service.
+GATEWAY_PORT = 8080
+GATEWAY_NAME = "llm-serving-gateway"
+
+
+def gateway_objects(
+    *,
+    namespace: str,
+    image: str,
+    replicas: int,
+    redis_secret: str,
+    redis_prefix: str,
+    drain_seconds: int = 30,
+) -> list[Obj]:
+    """The platform's gateway in the cluster, for operators to apply once: a Deployment of
+    ``replicas`` pods (each runs the same supervised gateway processes as a local one), the
+    Service callers and an Ingress or Gateway reach it by, and a PodDisruptionBudget that keeps
+    all but one pod through node drains. It reads the routing table and the caller keys from the
+    platform's Redis (the URL from the Secret ``redis_secret``, key ``url``), never from the
+    database, and keeps copies on the pod so a restarted container starts with routes.
+
+    Labelled apart from the objects the launcher manages, which it prunes."""
+    labels = {
+        "app.kubernetes.io/name": GATEWAY_NAME,
+        "app.kubernetes.io/component": "gateway",
+        "app.kubernetes.io/part-of": "llm-serving",
+    }
+    selector = {"app.kubernetes.io/name": GATEWAY_NAME}
+    state = "/var/lib/gateway"
+    health = {"httpGet": {"path": "/healthz", "port": "http"}}
+    command = [
+        "python", "-m", "serving.gateway", "--host", "0.0.0.0",
+        "--port", str(GATEWAY_PORT), "--prefix", redis_prefix,
+        "--drain-timeout", str(drain_seconds),
+        "--table-file", f"{state}/table.json", "--keys-file", f"{state}/keys.json",
+    ]  # fmt: skip
+    container = {
+        "name": "gateway",
+        "image": image,
+        "command": command,
+        "env": [
+            {
+                "name": "REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}},
+            }
+        ],
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
+        "resources": {
+            "requests": {"cpu": "1", "memory": "512Mi"},
+            "limits": {"memory": "1Gi"},
+        },
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+        # Time for the Service's endpoints to drop the pod before it stops accepting.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
+        # The root file system is read-only: the saved table and keys, and the supervisor's
+        # metrics directory (under /tmp), go to the pod's own volumes.
+        "volumeMounts": [
+            {"name": "state", "mountPath": state},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+    }
+    pod_spec: Obj = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": PRE_STOP_SECONDS + drain_seconds + 10,
+        "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        "securityContext": {"runAsNonRoot": True},
+        # One pod per node where the cluster allows it: a node lost takes one pod, not all.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector},
+            }
+        ],
+    }
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(GATEWAY_NAME, namespace, labels),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": selector},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(GATEWAY_NAME, namespace, labels),
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": GATEWAY_PORT, "targetPort": "http"}],
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _meta(GATEWAY_NAME, namespace, labels),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        },
+    ]

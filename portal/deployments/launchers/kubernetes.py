@@ -37,6 +37,7 @@ from portal.deployments.launchers.base import (
     Route,
     VersionSet,
 )
+from portal.deployments.launchers.gateway_routes import GatewayRoutes
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CRASH_REASONS = frozenset(
@@ -72,7 +73,10 @@ class KubernetesLauncher(Launcher):
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
         self.namespace: str = settings.KUBERNETES_NAMESPACE
+        #: A Gateway API Gateway the cluster routes with; empty: the platform's own gateway
+        #: Deployment routes, from the table this launcher publishes in Redis.
         self.gateway: str = settings.KUBERNETES_GATEWAY_NAME
+        self.platform_gateway = GatewayRoutes(redis_client(), settings.GATEWAY_REDIS_PREFIX)
 
     # --- instances ----------------------------------------------------------------------------
 
@@ -194,6 +198,11 @@ class KubernetesLauncher(Launcher):
     # --- traffic ------------------------------------------------------------------------------
 
     def set_traffic(self, routes: list[Route]) -> int:
+        if not self.gateway:
+            # The platform's gateway pods route to the pods' addresses: no Service or route of
+            # ours may offer a way around its caller keys (one left from a switch goes).
+            self._sync_services({})
+            return self.platform_gateway.publish(routes)
         generation = int(redis_client().incr("kubernetes:traffic"))
         services: dict[str, dict[str, Any]] = {}
         http_routes: dict[str, dict[str, Any]] = {}
@@ -204,18 +213,16 @@ class KubernetesLauncher(Launcher):
             if "/versions/" not in route.path:
                 service = objects.model_service(route, self.namespace)
                 services[service["metadata"]["name"]] = service
-            if self.gateway:
-                http_route = objects.http_route(
-                    route,
-                    namespace=self.namespace,
-                    gateway=self.gateway,
-                    gateway_namespace=settings.KUBERNETES_GATEWAY_NAMESPACE,
-                    generation=generation,
-                )
-                http_routes[http_route["metadata"]["name"]] = http_route
+            http_route = objects.http_route(
+                route,
+                namespace=self.namespace,
+                gateway=self.gateway,
+                gateway_namespace=settings.KUBERNETES_GATEWAY_NAMESPACE,
+                generation=generation,
+            )
+            http_routes[http_route["metadata"]["name"]] = http_route
         self._sync_services(services)
-        if self.gateway:
-            self._sync_http_routes(http_routes)
+        self._sync_http_routes(http_routes)
         return generation
 
     def _sync_services(self, wanted: dict[str, dict[str, Any]]) -> None:
@@ -259,11 +266,11 @@ class KubernetesLauncher(Launcher):
                 )
 
     def traffic_applied(self, generation: int) -> bool:
-        """With Gateway API: every route written at ``generation`` or later is accepted by its
-        gateway at its current ``metadata.generation``. Without it, Kubernetes itself takes a
-        terminating pod out of its Services' endpoints (the preStop pause covers the delay)."""
+        """The platform's gateway: every live gateway process applied ``generation``. Gateway
+        API: every route written at ``generation`` or later is accepted by its gateway at its
+        current ``metadata.generation``."""
         if not self.gateway:
-            return True
+            return self.platform_gateway.applied(generation)
         group, version, plural = GATEWAY_API
         selector = f"app.kubernetes.io/managed-by={objects.MANAGED_BY}"
         listed = self.custom.list_namespaced_custom_object(
@@ -285,6 +292,10 @@ class KubernetesLauncher(Launcher):
             if not accepted:
                 return False
         return True
+
+    def last_requests(self) -> dict[str, float] | None:
+        """Recorded by the platform's gateway only; a Gateway API implementation does not say."""
+        return None if self.gateway else self.platform_gateway.last_requests()
 
 
 def _observed(pod: Any) -> ObservedInstance:

@@ -42,8 +42,8 @@ from portal.deployments.launchers.base import (
     Route,
     VersionSet,
 )
+from portal.deployments.launchers.gateway_routes import GatewayRoutes
 from portal.deployments.logs import format_line
-from serving.gateway import table
 
 RECORD = "instance.json"
 LOG = "instance.log"
@@ -65,8 +65,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self) -> None:
         self.run_root: Path = settings.INSTANCE_RUN_ROOT
-        self.redis = redis_client()
-        self.prefix: str = settings.GATEWAY_REDIS_PREFIX
+        self.gateway = GatewayRoutes(redis_client(), settings.GATEWAY_REDIS_PREFIX)
 
     # --- instances ----------------------------------------------------------------------------
 
@@ -256,35 +255,13 @@ class LocalLauncher(Launcher):
     # --- traffic ------------------------------------------------------------------------------
 
     def set_traffic(self, routes: list[Route]) -> int:
-        entries = [
-            table.RouteEntry(
-                path=route.path,
-                groups=[
-                    table.Group(
-                        label=f"v{share.version_set.version}",
-                        weight=share.weight,
-                        backends=[
-                            table.Backend(
-                                name=instance.name,
-                                openai=instance.endpoints.get("openai"),
-                                kserve_http=instance.endpoints.get("kserve_http"),
-                            )
-                            for instance in share.instances
-                        ],
-                    )
-                    for share in route.shares
-                ],
-            )
-            for route in routes
-        ]
-        return table.publish(self.redis, entries, prefix=self.prefix)
+        return self.gateway.publish(routes)
 
     def traffic_applied(self, generation: int) -> bool:
-        applied = table.applied_generation(self.redis, prefix=self.prefix)
-        return applied is None or applied >= generation
+        return self.gateway.applied(generation)
 
     def last_requests(self) -> dict[str, float]:
-        return table.last_requests(self.redis, prefix=self.prefix)
+        return self.gateway.last_requests()
 
 
 # --- the run directory ------------------------------------------------------------------------
