@@ -65,6 +65,13 @@ def test_page_past_the_end_is_not_found(client, team):
     assert response.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize("query", ["page=", "page_size="])
+def test_a_page_parameter_left_blank_is_a_400(client, team, query):
+    response = client.get(f"{API}/models/?{query}")
+    assert response.status_code == 400
+    assert query.rstrip("=") in response.json()["error"]["fields"]
+
+
 def test_counts_only_the_callers_objects(client, team, other_team):
     Model.objects.bulk_create(Model(team=other_team, slug=f"m{i}", task="chat") for i in range(3))
     Model.objects.create(team=team, slug="mine", task="chat")

@@ -21,6 +21,12 @@ class PagePagination(PageNumberPagination):
             )
         return super().get_page_size(request)
 
+    def get_page_number(self, request, paginator):
+        """As DRF's, but ``?page=`` left blank is a 400, not silently the first page."""
+        if request.query_params.get(self.page_query_param) == "":
+            raise ValidationError({self.page_query_param: ["A page number from 1."]})
+        return super().get_page_number(request, paginator)
+
     def get_schema_operation_parameters(self, view):
         """The schema says what ``get_page_size`` and the page lookup refuse."""
         parameters = super().get_schema_operation_parameters(view)

@@ -597,12 +597,14 @@ class MetricsQuery(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # DRF reads a blank optional query parameter as absent; ``?range=`` is a mistake to
-        # report, not a request for the default window.
+        # DRF reads a blank optional query parameter as absent; ``?range=`` or ``?minutes=``
+        # is a mistake to report, not a request for the default window.
         if "range" not in attrs and self.initial_data.get("range") == "":
             raise serializers.ValidationError(
                 {"range": [f"Choose one of {', '.join(METRIC_RANGES)}."]}
             )
+        if self.initial_data.get("minutes") == "":
+            raise serializers.ValidationError({"minutes": ["A whole number from 1 to 1440."]})
         if "range" in attrs:
             attrs["minutes"] = METRIC_RANGES[attrs["range"]]
         return attrs

@@ -165,6 +165,12 @@ def test_a_bad_range_is_refused(api, member, deployment, bad):
     assert "range" in api_error(response, 400, "invalid")["fields"]
 
 
+@pytest.mark.parametrize("field", ["range", "minutes"])
+def test_a_window_left_blank_is_refused(api, member, deployment, field):
+    response = api(member).get(f"/api/v1/deployments/{deployment.pk}/metrics/?{field}=")
+    assert field in api_error(response, 400, "invalid")["fields"]
+
+
 def test_long_windows_average_passes_into_bins(deployment, settings):
     """A day of 15 s passes is 5,760 entries; the charts get 720 of two minutes, each the mean
     rate of its passes and the quantile of their summed histograms."""
