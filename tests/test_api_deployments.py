@@ -123,6 +123,8 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
             "progress": 0.0,
             "traffic": "no traffic",
             "detail": "",
+            "rolled_back_from": None,
+            "bake_ends_at": None,
         },
         "status_message": "",
         "endpoint": "http://127.0.0.1:8080/models/search/ranker",

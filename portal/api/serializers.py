@@ -243,6 +243,14 @@ class DeploymentStatusOut(serializers.Serializer):
     progress = serializers.FloatField(help_text="``percent`` as a fraction, 0 to 1.")
     traffic = serializers.CharField(help_text='The split in words: "v2 50% · v1 50%".')
     detail = serializers.CharField(help_text="Why, for a rollback (empty otherwise).")
+    rolled_back_from = serializers.IntegerField(
+        allow_null=True,
+        help_text="After a rollback: the version it rolled back from (deploy it again to roll "
+        "forward).",
+    )
+    bake_ends_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the bake under way ends; null when nothing bakes."
+    )
 
 
 class DeploymentOut(serializers.ModelSerializer):

@@ -324,12 +324,20 @@ def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float
         return _begin_rollback(deployment, plan, failure)
     _keep_fallback_share(deployment, plan, view)
     if deployment.promote_requested:
-        changes: dict[str, Any] = {"promote_requested": False}
+        # Promote finishes the rollout now: straight to the last stage, and no bake (one under
+        # way ends at once); health is still watched until the old version is retired.
+        changes: dict[str, Any] = {
+            "promote_requested": False,
+            "step": deployment.step.but(promoted=True),
+        }
         if deployment.current_stage < plan.stage_count:
-            _note(deployment, f"Promoted: skipping to stage {plan.stage_count} (100%).")
+            _note(deployment, f"Promoted: skipping to stage {plan.stage_count} (100%), no bake.")
             changes.update(
-                current_stage=plan.stage_count, step=deployment.step.but(phase=Phase.SCALE)
+                current_stage=plan.stage_count,
+                step=deployment.step.but(phase=Phase.SCALE, promoted=True),
             )
+        elif deployment.step.phase == Phase.BAKE:
+            _note(deployment, f"Promoted: the bake of stage {plan.stage_count} ends now.")
         _update(deployment, **changes)
     if deployment.step.phase == Phase.SHIFT:
         return _shifted(deployment, plan, view)
@@ -392,7 +400,7 @@ def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
         ),
         status_message=(
             f"{_stage_words(plan, deployment.current_stage)}baking for {deployment.bake_seconds} s."
-            if plan.bakes
+            if plan.bakes and not deployment.step.promoted
             else "Every instance is ready and takes the traffic."
         ),
     )
@@ -400,7 +408,7 @@ def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
 
 
 def _bake(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
-    if plan.bakes:
+    if plan.bakes and not deployment.step.promoted:
         ends = deployment.step.bake_started_at + deployment.bake_seconds
         if ends > time.time():
             return min(_interval(), ends - time.time())

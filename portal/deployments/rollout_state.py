@@ -76,6 +76,8 @@ class RolloutStep:
     baseline: dict[str, RequestCounts] = field(default_factory=dict)
     #: Why a rollback began, for the event that ends it.
     reason: str = ""
+    #: A person promoted the rollout: no stage bakes any more, the last one ends at once.
+    promoted: bool = False
 
     def but(self, **changes: Any) -> RolloutStep:
         """A copy with ``changes`` (the dataclass is frozen: a step is written whole)."""
@@ -103,6 +105,7 @@ class RolloutStep:
                 for name, (success, failure) in data.get("baseline", {}).items()
             },
             reason=str(data.get("reason", "")),
+            promoted=bool(data.get("promoted", False)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -119,4 +122,6 @@ class RolloutStep:
             data["baseline"] = {name: c.as_list() for name, c in self.baseline.items()}
         if self.reason:
             data["reason"] = self.reason
+        if self.promoted:
+            data["promoted"] = True
         return data

@@ -355,6 +355,7 @@ def _start_new_rollout(
         promote_requested=False,
         allow_io_change=allow_io_change,
         step=RolloutStep(),
+        data={"from_version": old.number, "version": version.number},
     )
     prepare_for_deploy(version)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from portal.deployments.models import (
     LIVE_STATES,
@@ -82,6 +83,10 @@ class DeploymentStatus:
     segments: list[Segment] = field(default_factory=list)
     #: Why (a rollback's or failure's reason), when the headline does not say it all.
     detail: str = ""
+    #: When the bake under way ends (Unix time), for a countdown; None when nothing bakes.
+    bake_ends_at: float | None = None
+    #: The version a finished rollback rolled back from (what "roll forward" deploys again).
+    rolled_back_from: int | None = None
 
     @property
     def traffic(self) -> str:
@@ -101,6 +106,12 @@ class DeploymentStatus:
             "progress": self.progress,
             "traffic": self.traffic,
             "detail": self.detail,
+            "rolled_back_from": self.rolled_back_from,
+            "bake_ends_at": (
+                None
+                if self.bake_ends_at is None
+                else datetime.fromtimestamp(self.bake_ends_at, UTC).isoformat()
+            ),
         }
 
 
@@ -120,6 +131,7 @@ class _Describer:
         self.staged = isinstance(self.plan, StagedShift)
         self.target = deployment.target_version.number
         self.fallback = self.plan.fallback.number if self.plan.fallback is not None else None
+        self.rolled_back_from: int | None = None  # found by serving()
 
     # --- facts ---------------------------------------------------------------------------
 
@@ -189,7 +201,18 @@ class _Describer:
             progress=percent / 100,
             segments=self.segments(),
             detail=detail,
+            bake_ends_at=self.bake_ends_at(),
+            rolled_back_from=self.rolled_back_from,
         )
+
+    def bake_ends_at(self) -> float | None:
+        """A bake's end while one runs; a paused rollout's bake starts over when resumed."""
+        d = self.d
+        if d.observed_state != D.PROGRESSING or d.step.phase != Phase.BAKE:
+            return None
+        if not self.plan.bakes or d.step.promoted or not d.step.bake_started_at:
+            return None
+        return d.step.bake_started_at + d.bake_seconds
 
     def headline(
         self, stage: int | None, count: int | None, goal: int | None, percent: int
@@ -278,6 +301,7 @@ class _Describer:
             return f"Versioned v{t}: serving{short}", ""
         if d.current_stage == 0:  # a rollback sets it to 0; a rollout leaves it at its last
             rolled_from, reason = _rollback_of(d)
+            self.rolled_back_from = rolled_from
             if rolled_from is not None:
                 return f"Rolled back from v{rolled_from} to v{t}{short}", reason
             return f"Rolled back to v{t}{short}", reason

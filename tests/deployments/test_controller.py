@@ -184,10 +184,23 @@ def test_pause_resume_and_promote(versions, cpu_instance_type):
     services.act(deployment, Action.PROMOTE, actor=USER)
     step(deployment)
     assert deployment.current_stage == 4
-    assert "Promoted: skipping to stage 4 (100%)." in [e.message for e in deployment.events.all()]
-    services.update_deployment(deployment, actor=USER, bake_seconds=0)
+    messages = [e.message for e in deployment.events.all()]
+    assert "Promoted: skipping to stage 4 (100%), no bake." in messages
+    # The bake is long (the test's default); a promoted rollout does not wait for it.
     run_until(deployment, lambda d: d.observed_state == "serving")
     assert deployment.target_version == v2
+
+
+def test_promote_during_the_last_bake_ends_it_now(versions, cpu_instance_type):
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[100])
+    to_first_bake(deployment, v2)
+    assert deployment.step.phase == "bake" and deployment.current_stage == 1
+    step(deployment, 3)
+    assert deployment.observed_state == "progressing"  # still baking
+    services.act(deployment, Action.PROMOTE, actor=USER)
+    run_until(deployment, lambda d: d.observed_state == "serving")
+    assert "Promoted: the bake of stage 1 ends now." in [e.message for e in deployment.events.all()]
 
 
 def test_aborting_a_first_deploy_stops_everything(versions, cpu_instance_type):

@@ -170,6 +170,8 @@ def test_a_staged_rollout_at_each_stage_bake_and_completion(world):
         ("v2", 25, "new"),
     ]
     assert baking.traffic == "v2 25% · v1 75%"
+    assert baking.bake_ends_at == deployment.step.bake_started_at + 3600  # the countdown's end
+    assert scaling.bake_ends_at is None and pending.bake_ends_at is None
     # The bake ends: stage 2 scales first, so traffic is still stage 1's and says so.
     services.update_deployment(deployment, actor=USER, bake_seconds=0)
     run_until(deployment, lambda d: d.current_stage == 2)
@@ -250,6 +252,7 @@ def test_a_rollback_in_progress_and_done(world):
     run_until(deployment, lambda d: d.observed_state == "serving")
     done = agree(deployment, client)
     assert done.headline == "Rolled back from v2 to v1"
+    assert done.rolled_back_from == 2  # the page offers to roll forward to it
     assert done.detail == "rollback requested"
     assert done.progress == 1.0 and done.stage is None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django import template
 
 register = template.Library()
@@ -20,6 +22,12 @@ def seconds(value: float | None) -> str:
         return f"{minutes} min {secs} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+@register.filter
+def seconds_until(moment: float | None) -> float | None:
+    """Seconds from now until a Unix time (never negative): a countdown's value."""
+    return None if moment is None else max(0.0, moment - time.time())
 
 
 @register.filter

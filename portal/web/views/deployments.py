@@ -32,6 +32,7 @@ from portal.web import summaries
 from portal.web.forms import DeployForm, show_service_errors
 from portal.web.snippets import call_context
 from portal.web.teams import TeamContext, team_context
+from portal.web.timeline import group_by_rollout
 from portal.web.views.registry import get_model, require_write
 
 #: The window the charts open on (static/web/charts.js offers the others of RANGES).
@@ -150,17 +151,20 @@ def _live_context(deployment: Deployment, seen: int | None, seen_state: str | No
     )
     events = list(deployment.events.order_by("-created_at", "-id")[:50])
     fresh = [e.pk for e in events if seen is not None and e.pk > seen]
+    actions = summaries.available_actions(deployment)
     return {
         "tag": _tag(deployment, instances, events),
         "deployment": deployment,
         "instances": instances,
         "events": events,
+        "timeline": group_by_rollout(events),
         "fresh": fresh,
         "newest_event": events[0].pk if events else 0,
         "state_changed": seen_state is not None and seen_state != deployment.observed_state,
         # One status (headline, stage, badge, bar) for the whole live part.
         "status": describe(deployment, instances),
-        "actions": summaries.available_actions(deployment),
+        "actions": actions,
+        "action_names": [name for name, _ in actions],
     }
 
 

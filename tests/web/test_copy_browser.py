@@ -1,0 +1,47 @@
+"""Copy buttons in a real browser: the deployment page's base URL lands on the clipboard, and
+the rollout timeline folds (no instance runs: the rows are written here)."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from portal.deployments.routing import endpoint_url
+from tests.web.test_browser import browser_page, shot  # noqa: F401  (a fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def test_the_copy_button_puts_the_base_url_on_the_clipboard(
+    live_server,
+    member,
+    team,
+    deployment,
+    browser_page,  # noqa: F811
+):
+    page = browser_page
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    page.goto(live_server.url + "/")
+    page.get_by_label("Username").fill("mia")
+    page.get_by_label("Password").fill("pw-mia")
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Search").wait_for()
+    page.goto(live_server.url + reverse("web:deployment_detail", args=[team.slug, deployment.pk]))
+
+    button = page.get_by_role("button", name="Copy the base URL")
+    button.click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('button.copy')].some(b => b.textContent === 'Copied')"
+    )
+    assert page.evaluate("navigator.clipboard.readText()") == endpoint_url(deployment)
+    # The snippets have theirs too, inside their folds.
+    assert page.locator("pre[data-copy] + button.copy").count() >= 2
+
+    # The timeline: one fold, open, for the deploy.
+    folds = page.get_by_test_id("timeline-group")
+    assert folds.count() == 1 and folds.first.get_attribute("open") is not None
+    assert "Deploy v1" in folds.first.locator("summary").inner_text()
+    shot(page, "deployment-copy-and-timeline")
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
