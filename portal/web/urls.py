@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.web.views import caller_keys, deployments, registry, tokens
+from portal.web.views import caller_keys, deployments, playground, registry, tokens
 
 app_name = "web"
 
@@ -37,6 +37,16 @@ urlpatterns = [
         team + "deployments/<int:pk>/metrics/",
         deployments.deployment_metrics,
         name="deployment_metrics",
+    ),
+    path(
+        team + "deployments/<int:pk>/playground/key/",
+        playground.playground_key,
+        name="playground_key",
+    ),
+    path(
+        team + "deployments/<int:pk>/playground/send/",
+        playground.playground_send,
+        name="playground_send",
     ),
     path(
         team + "deployments/<int:pk>/<str:action>/",

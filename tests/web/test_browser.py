@@ -95,6 +95,17 @@ def register_version(page, artifact: Path, *, first: bool) -> None:
     )
 
 
+def try_in_playground(page) -> None:
+    """Make a temporary key and send the playground's prefilled try; wait for a 200."""
+    page.get_by_role("button", name="Make a 1-hour key").click()
+    page.get_by_test_id("playground-meta").filter(has_text="until").wait_for()
+    page.get_by_role("button", name="Send", exact=True).click()
+    page.wait_for_function(
+        "document.querySelector('[data-testid=playground-answer]')?.dataset.status === '200'",
+        timeout=60_000,
+    )
+
+
 def stage_seen(page, text: str) -> None:
     page.wait_for_function(
         f"(document.querySelector('[data-testid=stage]')?.textContent || '').includes({text!r})",
@@ -145,6 +156,11 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
     state_is(page, "Serving")
     assert page.evaluate("window.__noReload") is True
     deployment = Deployment.objects.get(model__slug="tiny")
+
+    # The playground answers from the page: through the gateway, with a key made for it.
+    try_in_playground(page)
+    assert page.get_by_test_id("playground-answer").inner_text().strip()
+    shot(page, "04b-playground-chat")
 
     # A few requests through the gateway, then the charts fill from the scraped /metrics.
     scraper = Scraper()
@@ -287,3 +303,9 @@ def test_an_author_deploys_the_embedding_demo_and_calls_it_from_the_snippet_show
     exec(compile(program, "snippet", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.startswith("EMBEDDING [[") and "dtype" not in printed, printed
+
+    # The playground's infer form starts from the I/O spec and gets the embedding back.
+    try_in_playground(page)
+    reply = json.loads(page.get_by_test_id("playground-answer").inner_text())
+    assert [o["name"] for o in reply["outputs"]] == ["EMBEDDING"]
+    shot(page, "21-playground-infer")

@@ -30,6 +30,7 @@ from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
 from portal.web import summaries
 from portal.web.forms import DeployForm, show_service_errors
+from portal.web.playground import playground_context
 from portal.web.snippets import call_context
 from portal.web.teams import TeamContext, team_context
 from portal.web.timeline import group_by_rollout
@@ -131,7 +132,7 @@ def _deploy(request, model, form: DeployForm) -> Deployment | None:
     return deployed.deployment
 
 
-def _deployment(ctx: TeamContext, pk: int) -> Deployment:
+def get_deployment(ctx: TeamContext, pk: int) -> Deployment:
     return get_object_or_404(
         Deployment.objects.select_related(
             "model__team", "target_version", "previous_version", "instance_type"
@@ -179,7 +180,7 @@ def _tag(deployment: Deployment, instances: list, events: list) -> str:
 @login_required
 def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
-    deployment = _deployment(ctx, pk)
+    deployment = get_deployment(ctx, pk)
     return render(
         request,
         "web/deployment_detail.html",
@@ -189,6 +190,7 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             "endpoint": endpoint_url(deployment),
             "served_model_name": triton_model_name(deployment.target_version),
             **call_context(deployment),
+            **playground_context(deployment),
             **_live_context(deployment, None, None),
         },
     )
@@ -197,7 +199,7 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
 @login_required
 def deployment_live(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
-    deployment = _deployment(ctx, pk)
+    deployment = get_deployment(ctx, pk)
     seen = request.GET.get("seen", "")
     context = _live_context(
         deployment, int(seen) if seen.isdigit() else None, request.GET.get("state")
@@ -216,7 +218,7 @@ def deployment_live(request: HttpRequest, team: str, pk: int) -> HttpResponse:
 def deployment_act(request: HttpRequest, team: str, pk: int, action: str) -> HttpResponse:
     ctx = team_context(request, team)
     require_write(ctx)
-    deployment = _deployment(ctx, pk)
+    deployment = get_deployment(ctx, pk)
     try:
         what = Action(action)
     except ValueError as exc:
@@ -256,7 +258,7 @@ def _charts_context(deployments: list[Deployment], api_url: str) -> dict:
 @login_required
 def deployment_metrics(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
-    deployment = _deployment(ctx, pk)
+    deployment = get_deployment(ctx, pk)
     return render(
         request,
         "web/_metrics.html",
