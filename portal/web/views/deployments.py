@@ -26,6 +26,7 @@ from portal.deployments.routing import endpoint_url
 from portal.deployments.status import describe
 from portal.metrics import services as metrics
 from portal.registry import services as registry_services
+from portal.registry.diff import version_diff
 from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
 from portal.web import summaries
@@ -115,6 +116,13 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "not_deployable": not_deployable,
             "waits_for": waits_for,
             "nothing_to_deploy": not candidates.exists(),
+            # What changes from the serving version to the one being deployed.
+            "diff": (
+                version_diff(serving.target_version, version)
+                if serving is not None and version is not None
+                else None
+            ),
+            "diff_version": version,
         },
     )
 
