@@ -35,3 +35,11 @@ class QuotaExceeded(ApplicationError):
 
     status_code = 403
     code = "quota_exceeded"
+
+
+class Unavailable(ApplicationError):
+    """Something the answer depends on (a cluster's API, a log source) did not answer: try
+    again later."""
+
+    status_code = 503
+    code = "unavailable"

@@ -15,11 +15,13 @@ import psutil
 import pytest
 from kubernetes import client as k8s
 
+from portal.deployments.launchers import kubernetes as kubernetes_launcher
 from portal.deployments.launchers import version_set
 from portal.deployments.launchers.base import (
     LOG_CHUNK_BYTES,
     LOG_CHUNK_LINES,
     LogCursorError,
+    LogUnavailable,
     Shape,
     VersionSet,
 )
@@ -243,6 +245,37 @@ def test_kubernetes_ended_pod_and_gone_pod(kube):
     assert launcher.read_log(a_set(), "p2", since=chunk.next).ended
     gone = launcher.read_log(a_set(), "nope")
     assert (gone.lines, gone.ended) == ([], True)
+
+
+def test_kubernetes_api_server_down_is_log_unavailable(settings, clean_redis):
+    """Answered 503 by the API (an ApplicationError), not a 500 with a client traceback."""
+    fake = FakeKubeApi()
+    settings.KUBERNETES_NAMESPACE = NS
+    configuration = k8s.Configuration()
+    configuration.host = fake.url
+    launcher = KubernetesLauncher(k8s.ApiClient(configuration))
+    fake.close()
+    fake.server.server_close()  # nothing listens: connections are refused
+    with pytest.raises(LogUnavailable, match="did not give instance p1's log") as raised:
+        launcher.read_log(a_set(), "p1")
+    assert raised.value.status_code == 503
+
+
+def test_a_stuck_api_server_is_log_unavailable_too(settings, clean_redis, monkeypatch):
+    """It accepts connections and never answers: the read gives up instead of holding a web
+    worker for ever."""
+    monkeypatch.setattr(kubernetes_launcher, "LOG_REQUEST_TIMEOUT", (0.5, 0.5))
+    fake = FakeKubeApi()
+    settings.KUBERNETES_NAMESPACE = NS
+    configuration = k8s.Configuration()
+    configuration.host = fake.url
+    launcher = KubernetesLauncher(k8s.ApiClient(configuration))
+    fake.close()  # stops answering; its socket still accepts
+    try:
+        with pytest.raises(LogUnavailable):
+            launcher.read_log(a_set(), "p1")
+    finally:
+        fake.server.server_close()
 
 
 # --- a failed instance's summary and the API --------------------------------------------------

@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from portal.core.errors import Unavailable
 from serving.instance.engines import engine_for_gpus
 
 
@@ -133,6 +134,10 @@ LOG_DEFAULT_TAIL = 200
 
 class LogCursorError(ValueError):
     """A ``since`` cursor this launcher did not hand out (the API answers 400)."""
+
+
+class LogUnavailable(Unavailable):
+    """The log's source did not answer (the API answers 503): e.g. the cluster's API server."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -33,6 +34,7 @@ from portal.deployments.launchers.base import (
     Launcher,
     LogChunk,
     LogCursorError,
+    LogUnavailable,
     ObservedInstance,
     Route,
     VersionSet,
@@ -50,6 +52,8 @@ CRASH_REASONS = frozenset(
     }
 )
 GATEWAY_API = ("gateway.networking.k8s.io", "v1", "httproutes")
+#: (connect, read) seconds for a log read: a page's request must not hang on a stuck API server.
+LOG_REQUEST_TIMEOUT = (5.0, 15.0)
 #: The cursor of a log nothing was read from yet: the next read starts at its beginning.
 LOG_START = "1970-01-01T00:00:00Z"
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z$")
@@ -57,6 +61,13 @@ _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z$")
 
 def _missing(exc: ApiException) -> bool:
     return exc.status == 404
+
+
+def _reason(exc: Exception) -> str:
+    """A short reason for a person: the API's status, or the kind of connection failure."""
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason or ''}".strip()
+    return type(exc).__name__
 
 
 class KubernetesLauncher(Launcher):
@@ -155,10 +166,21 @@ class KubernetesLauncher(Launcher):
         timestamp. A read asks for ``since_seconds`` back to it (whole seconds, so a little
         more) and drops the lines at or before it; a first read asks for ``tail_lines``.
         ``limit_bytes`` bounds every answer. A crash-looping pod's waiting container has no
-        log yet: a first read then shows its previous run's."""
+        log yet: a first read then shows its previous run's. The API server not answering
+        is :class:`LogUnavailable`."""
+        try:
+            return self._read_log(name, since, tail)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise LogUnavailable(
+                f"The cluster did not give instance {name}'s log: {_reason(exc)}"
+            ) from exc
+
+    def _read_log(self, name: str, since: str | None, tail: int) -> LogChunk:
         after = _log_time(since) if since else None
         try:
-            pod = self.core.read_namespaced_pod(name, self.namespace)
+            pod = self.core.read_namespaced_pod(
+                name, self.namespace, _request_timeout=LOG_REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if _missing(exc):
                 return LogChunk([], since or LOG_START, ended=True)
@@ -191,7 +213,11 @@ class KubernetesLauncher(Launcher):
         # Unparsed: the client would otherwise json-decode a log that happens to be one JSON
         # line and hand back a dict's repr.
         answer = self.core.read_namespaced_pod_log(
-            name, self.namespace, _preload_content=False, **options
+            name,
+            self.namespace,
+            _preload_content=False,
+            _request_timeout=LOG_REQUEST_TIMEOUT,
+            **options,
         )
         return bytes(answer.data).decode("utf-8", "replace")
 
