@@ -397,7 +397,11 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
 
     @extend_schema(
         parameters=[log_serializers.LogQuery],
-        responses={200: log_serializers.LogOut, 400: error("A bad since or tail.")},
+        responses={
+            200: log_serializers.LogOut,
+            400: error("A bad since or tail."),
+            503: error("The log's source (a cluster's API server) did not answer."),
+        },
     )
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def logs(self, request, pk=None):
