@@ -472,6 +472,15 @@ def test_event_admin_refuses_add_change_and_delete(client, rolling_out):
     assert event.message != "rewritten"
 
 
+def test_deployments_are_never_deleted_from_the_admin(client, rolling_out):
+    """A live one is stopped through the controller (abort); an ended one is history."""
+    listing = client.get(reverse("admin:deployments_deployment_changelist")).content.decode()
+    assert "delete_selected" not in listing and "Abort the rollout in progress" in listing
+    delete = reverse("admin:deployments_deployment_delete", args=[rolling_out.pk])
+    assert client.post(delete, {"post": "yes"}).status_code == 403
+    assert Deployment.objects.filter(pk=rolling_out.pk).exists()
+
+
 def test_events_cannot_be_updated_or_deleted(rolling_out):
     event = rolling_out.events.first()
     event.message = "rewritten"

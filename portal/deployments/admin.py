@@ -121,6 +121,11 @@ class DeploymentAdmin(admin.ModelAdmin):
         # event; a plain admin form would bypass both. Operators act through the actions.
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A live deployment is stopped through the controller (abort), never deleted under its
+        # instances; an ended one is history its append-only timeline belongs to.
+        return False
+
     def _request(self, request, queryset, what: Action) -> None:
         actor = Actor.operator(request.user)
         for deployment in queryset:
@@ -139,7 +144,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     def request_resume(self, request, queryset):
         self._request(request, queryset, Action.RESUME)
 
-    @admin.action(description="Promote: skip the remaining stages")
+    @admin.action(description="Promote: finish the rollout now (no more stages or bake)")
     def request_promote(self, request, queryset):
         self._request(request, queryset, Action.PROMOTE)
 
