@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -28,6 +31,16 @@ def seconds(value: float | None) -> str:
 def seconds_until(moment: float | None) -> float | None:
     """Seconds from now until a Unix time (never negative): a countdown's value."""
     return None if moment is None else max(0.0, moment - time.time())
+
+
+@register.filter
+def ago(moment: datetime | None) -> str:
+    """``3 minutes ago``, and ``just now`` under a minute (Django's timesince says "0 minutes")."""
+    if moment is None:
+        return "—"
+    if (timezone.now() - moment).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(moment)} ago"
 
 
 @register.filter

@@ -1,0 +1,37 @@
+"""The small things a new user meets in the first minutes: the tab's icon, times that read as
+words, and the dashboard's counts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.staticfiles import finders
+from django.test import Client
+from django.utils import timezone
+
+from portal.web.templatetags.portal_web import ago
+from tests.web.test_pages import page_html
+
+
+def test_favicon_ico_leads_to_the_icon(client: Client):
+    answer = client.get("/favicon.ico")
+    assert answer.status_code == 301
+    assert answer["Location"].endswith("/web/favicon.svg")
+    found = finders.find("web/favicon.svg")
+    assert found is not None and Path(found).read_text().startswith("<svg")
+
+
+def test_times_under_a_minute_read_just_now():
+    now = timezone.now()
+    assert ago(now) == "just now"
+    assert ago(now - timedelta(seconds=59)) == "just now"
+    assert ago(now - timedelta(minutes=3, seconds=5)) == "3\xa0minutes ago"
+    assert ago(None) == "—"
+
+
+@pytest.mark.django_db
+def test_a_new_version_page_says_just_now(member, team, model, version):
+    page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
+    assert "changed just now" in page and "0\xa0minutes" not in page and "0 minutes" not in page
