@@ -11,6 +11,7 @@ from django.contrib.staticfiles import finders
 from django.test import Client
 from django.utils import timezone
 
+from portal.cache.models import CopyState, Materialization
 from portal.web.templatetags.portal_web import ago
 from tests.web.test_pages import page_html
 
@@ -35,3 +36,14 @@ def test_times_under_a_minute_read_just_now():
 def test_a_new_version_page_says_just_now(member, team, model, version):
     page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
     assert "changed just now" in page and "0\xa0minutes" not in page and "0 minutes" not in page
+
+
+@pytest.mark.django_db
+def test_the_copy_rate_says_what_it_waits_for_instead_of_a_dash(member, team, model, version):
+    copy = Materialization.objects.create(version=version, tree="t", state=CopyState.COPYING)
+    page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
+    assert "measuring…" in page and "estimating…" in page
+    copy.state = CopyState.PRESENT
+    copy.save()
+    page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
+    assert 'data-testid="copy-rate"' not in page  # a finished copy has no rate to show
