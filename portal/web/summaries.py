@@ -32,7 +32,7 @@ SHOWN_INSTANCE_STATES = (
 ACTION_QUESTIONS = {
     Action.PAUSE: "Pause the rollout at its current stage?",
     Action.RESUME: "Resume the rollout?",
-    Action.PROMOTE: "Skip the remaining stages and send all traffic to the new version?",
+    Action.PROMOTE: "Finish the rollout now: all traffic to the new version, no more stages or bake?",
     Action.ABORT: "Abort the rollout? Traffic goes back to the serving version.",
     Action.ROLLBACK: "Roll back to the previous version? Its instances start again if needed.",
 }

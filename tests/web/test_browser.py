@@ -247,6 +247,8 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
     for name, path in [
         ("10-dashboard-phone", f"/t/{deployment.model.team.slug}/"),
         ("11-deployment-phone", f"/t/{deployment.model.team.slug}/deployments/{deployment.pk}/"),
+        ("12-version-phone", f"/t/{deployment.model.team.slug}/models/tiny/v1/"),
+        ("13-deploy-form-phone", f"/t/{deployment.model.team.slug}/models/tiny/deploy/?version=2"),
     ]:
         page.goto(base + path)
         page.wait_for_timeout(500)

@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 
 from portal.deployments.routing import endpoint_url
+from tests.factories import make_version
 from tests.web.test_browser import browser_page, shot  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -45,3 +46,36 @@ def test_the_copy_button_puts_the_base_url_on_the_clipboard(
 
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+
+
+def test_the_version_page_fits_a_phone(
+    live_server,
+    member,
+    team,
+    model,
+    artifact_root,
+    release,
+    browser_page,  # noqa: F811
+):
+    long_source = f"file://{artifact_root}/" + "a-very-long-directory-name-" * 6
+    version = make_version(
+        model,
+        artifact_root,
+        artifact_uri=long_source,
+        engine_args={"dtype": "auto", "max_model_len": 8192, "revision": "r" * 120},
+    )
+    page = browser_page
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(live_server.url + "/")
+    page.get_by_label("Username").fill("mia")
+    page.get_by_label("Password").fill("pw-mia")
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Search").wait_for()
+    page.goto(
+        live_server.url
+        + reverse("web:version_detail", args=[team.slug, model.slug, version.number])
+    )
+    page.get_by_test_id("version-state").wait_for()
+    shot(page, "version-390")
+    width = page.evaluate("document.scrollingElement.scrollWidth")
+    assert width <= 390, width
