@@ -47,3 +47,12 @@ def test_the_copy_rate_says_what_it_waits_for_instead_of_a_dash(member, team, mo
     copy.save()
     page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
     assert 'data-testid="copy-rate"' not in page  # a finished copy has no rate to show
+
+
+@pytest.mark.django_db
+def test_the_model_page_shows_each_live_deployments_endpoint(member, team, model, deployment):
+    page = page_html(member, "web:model_detail", team.slug, model.slug)
+    assert (
+        'data-testid="model-endpoint" data-copy="the endpoint">http://127.0.0.1:8080/models/search/ranker</code>'
+        in page
+    )

@@ -9,6 +9,7 @@ from django import template
 
 from portal.deployments.models import Deployment, Instance
 from portal.deployments.rollout_state import Traffic
+from portal.deployments.routing import endpoint_url
 from portal.deployments.status import DeploymentStatus, describe, traffic_text
 from portal.registry.display import engine_arg_items, io_spec_rows
 
@@ -28,6 +29,12 @@ def traffic(value: Traffic | DeploymentStatus, first: int | None = None) -> str:
     if isinstance(value, DeploymentStatus):
         return value.traffic
     return traffic_text(value or {}, first)
+
+
+@register.filter
+def endpoint(deployment: Deployment) -> str:
+    """The deployment's base URL (the one the deployment page gives callers)."""
+    return endpoint_url(deployment)
 
 
 @register.filter
