@@ -20,7 +20,7 @@ from portal.deployments.models import EventKind, Instance, InstanceState, Observ
 from portal.metrics import buckets as bk
 from portal.metrics.models import MetricPoint
 from tests.factories import make_version
-from tests.web.test_browser import browser_page, shot  # noqa: F401  (a fixture)
+from tests.web.test_browser import browser_page, shot, sign_in  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -103,11 +103,7 @@ def test_charts_draw_zoom_hover_and_mark_the_rollout(
 ):
     deployment, v1, v2 = rollout
     page = browser_page
-    page.goto(live_server.url + "/")
-    page.get_by_label("Username").fill("mia")
-    page.get_by_label("Password").fill("pw-mia")
-    page.keyboard.press("Enter")
-    page.get_by_role("heading", name="Search").wait_for()
+    sign_in(page, live_server.url)
     page.goto(live_server.url + reverse("web:deployment_detail", args=[team.slug, deployment.pk]))
 
     # A chart drawn by uPlot, split by version because the window holds v1 and v2.
@@ -158,15 +154,25 @@ def test_charts_draw_zoom_hover_and_mark_the_rollout(
         else:
             assert clicked - 15 * 60 - 1 <= low <= clicked - 15 * 60 + 16
 
-    # Hovering the requests chart shows each series' value in the legend.
+    # At rest the legend reads each series' latest value, not a bare dash.
+    values = requests.locator(".u-legend .u-series .u-value")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-chart=requests] .u-legend .u-value')]"
+        ".some(v => v.textContent.includes('latest'))"
+    )
+    resting = values.all_inner_texts()
+    assert "3.6 req/s, latest" in resting and "0.4 req/s, latest" in resting, resting
+    assert "—" not in "".join(resting)
+    assert "hover to read a moment" in requests.locator(".u-legend").inner_text()
+
+    # Hovering the requests chart shows each series' value there in the legend.
     over = requests.locator(".u-over")
     box = over.bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
-    values = requests.locator(".u-legend .u-series .u-value")
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-chart=requests] .u-legend .u-value')]"
-        ".some(v => v.textContent.includes('req/s'))"
+        ".every(v => !v.textContent.includes('latest'))"
     )
     texts = values.all_inner_texts()
     assert "3.6 req/s" in texts and "0.4 req/s" in texts, texts

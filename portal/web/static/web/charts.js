@@ -34,6 +34,20 @@
     return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
   }
 
+  /* A series' legend text. Off the chart (idx null) it is the latest value, so the legend
+   * reads "3.6 req/s, latest" at rest rather than a bare dash; a series with no sample in the
+   * range, and a hovered pass the series has no sample for, say so in words. */
+  function legendValue(u, v, si, idx, unitName) {
+    if (idx == null) {
+      var values = u.data[si];
+      for (var i = values.length - 1; i >= 0; i--) {
+        if (values[i] != null) return number(values[i]) + " " + unitName + ", latest";
+      }
+      return "no data in this range";
+    }
+    return v == null ? "no sample" : number(v) + " " + unitName;
+  }
+
   /* The x values (one per scrape pass) and, per line, its y values aligned to them. */
   function columns(answer, chart) {
     var xs = answer.points.map(function (p) { return seconds(p.at); });
@@ -224,7 +238,7 @@
           values: function (u, splits) { return splits.map(number); },
         },
       ],
-      series: [{ label: "time", value: function (u, t) { return t == null ? "—" : new Date(t * 1000).toLocaleString(); } }].concat(
+      series: [{ label: "time", value: function (u, t) { return t == null ? "hover to read a moment" : new Date(t * 1000).toLocaleString(); } }].concat(
         data.series.map(function (s) {
           return {
             label: s.label,
@@ -233,7 +247,7 @@
             dash: s.dash,
             spanGaps: false,
             points: { show: false },
-            value: function (u, v) { return v == null ? "—" : number(v) + " " + unitName; },
+            value: function (u, v, si, idx) { return legendValue(u, v, si, idx, unitName); },
           };
         })
       ),
