@@ -183,6 +183,17 @@ class FakeKubeApi:
     def names(self, resource: str) -> list[str]:
         return sorted(name for (r, _, name) in self.objects if r == resource)
 
+    def launcher(self):
+        """A Kubernetes launcher whose official client talks to this server (the settings it
+        reads, e.g. the namespace, are the caller's to set first)."""
+        from kubernetes import client as k8s
+
+        from portal.deployments.launchers.kubernetes import KubernetesLauncher
+
+        configuration = k8s.Configuration()
+        configuration.host = self.url
+        return KubernetesLauncher(k8s.ApiClient(configuration))
+
 
 def status(code: int, reason: str) -> dict[str, Any]:
     return {

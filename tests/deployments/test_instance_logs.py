@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from kubernetes import client as k8s
 
 from portal.deployments.launchers import kubernetes as kubernetes_launcher
 from portal.deployments.launchers import version_set
@@ -25,7 +24,6 @@ from portal.deployments.launchers.base import (
     Shape,
     VersionSet,
 )
-from portal.deployments.launchers.kubernetes import KubernetesLauncher
 from portal.deployments.launchers.local import LOG, LocalLauncher, _crash_reason
 from portal.deployments.lifecycle import transition_instance
 from portal.deployments.logs import failure_summary, format_line
@@ -205,9 +203,7 @@ NS = "llm-serving"
 def kube(settings, clean_redis):
     fake = FakeKubeApi()
     settings.KUBERNETES_NAMESPACE = NS
-    configuration = k8s.Configuration()
-    configuration.host = fake.url
-    yield fake, KubernetesLauncher(k8s.ApiClient(configuration))
+    yield fake, fake.launcher()
     fake.close()
 
 
@@ -251,9 +247,7 @@ def test_kubernetes_api_server_down_is_log_unavailable(settings, clean_redis):
     """Answered 503 by the API (an ApplicationError), not a 500 with a client traceback."""
     fake = FakeKubeApi()
     settings.KUBERNETES_NAMESPACE = NS
-    configuration = k8s.Configuration()
-    configuration.host = fake.url
-    launcher = KubernetesLauncher(k8s.ApiClient(configuration))
+    launcher = fake.launcher()
     fake.close()
     fake.server.server_close()  # nothing listens: connections are refused
     with pytest.raises(LogUnavailable, match="did not give instance p1's log") as raised:
@@ -267,9 +261,7 @@ def test_a_stuck_api_server_is_log_unavailable_too(settings, clean_redis, monkey
     monkeypatch.setattr(kubernetes_launcher, "LOG_REQUEST_TIMEOUT", (0.5, 0.5))
     fake = FakeKubeApi()
     settings.KUBERNETES_NAMESPACE = NS
-    configuration = k8s.Configuration()
-    configuration.host = fake.url
-    launcher = KubernetesLauncher(k8s.ApiClient(configuration))
+    launcher = fake.launcher()
     fake.close()  # stops answering; its socket still accepts
     try:
         with pytest.raises(LogUnavailable):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from kubernetes import client as k8s
 
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import (
@@ -18,7 +17,7 @@ from portal.deployments.launchers.base import (
     TrafficShare,
     VersionSet,
 )
-from portal.deployments.launchers.kubernetes import DELETION_COST, KubernetesLauncher
+from portal.deployments.launchers.kubernetes import DELETION_COST
 from serving.instance.supervisor import engine_process, parse_args
 from tests.deployments.fake_kube_api import FakeKubeApi
 
@@ -210,9 +209,7 @@ def api():
 def launcher(api, settings, clean_redis):
     settings.KUBERNETES_NAMESPACE = NS
     settings.KUBERNETES_GATEWAY_NAME = "public"
-    configuration = k8s.Configuration()
-    configuration.host = api.url
-    return KubernetesLauncher(k8s.ApiClient(configuration))
+    return api.launcher()
 
 
 def pod(the_set: VersionSet, name: str, **status) -> dict:

@@ -12,15 +12,19 @@ import redis
 import yaml
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from kubernetes import client as k8s
 
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import Health, Route, TrafficShare
-from portal.deployments.launchers.kubernetes import KubernetesLauncher
 from tests.conftest import stop_process_group
 from tests.deployments.fake_kube_api import FakeKubeApi
 from tests.deployments.rollout_helpers import start_gateway, wait_for
-from tests.deployments.test_kubernetes_launcher import NS, pod, ready, valid, version_set
+from tests.deployments.test_kubernetes_launcher import (
+    NS,
+    pod,
+    ready,
+    valid,
+    version_set,
+)
 from tests.gateway.test_gateway import (
     AUTH,
     SEARCH_AUTH,
@@ -43,9 +47,7 @@ def api():
 def launcher(api, settings, clean_redis):
     settings.KUBERNETES_NAMESPACE = NS
     settings.KUBERNETES_GATEWAY_NAME = ""  # the platform's gateway routes
-    configuration = k8s.Configuration()
-    configuration.host = api.url
-    return KubernetesLauncher(k8s.ApiClient(configuration))
+    return api.launcher()
 
 
 @pytest.fixture
@@ -136,9 +138,7 @@ def test_gateway_api_mode_still_writes_weighted_routes(api, settings, clean_redi
     (caller keys are then not checked: docs/operations.md)."""
     settings.KUBERNETES_NAMESPACE = NS
     settings.KUBERNETES_GATEWAY_NAME = "public"
-    configuration = k8s.Configuration()
-    configuration.host = api.url
-    launcher = KubernetesLauncher(k8s.ApiClient(configuration))
+    launcher = api.launcher()
     v1 = version_set(1)
     launcher.set_traffic([Route(3, "search/chat", (TrafficShare(v1, 100, ()),))])
     assert api.names("httproutes") == ["search-chat"]

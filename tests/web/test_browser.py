@@ -65,6 +65,15 @@ def browser_page(monkeypatch):
             browser.close()
 
 
+def sign_in(page, base: str) -> None:
+    """Sign in as the ``member`` fixture's user and wait for the team's dashboard."""
+    page.goto(base + "/")
+    page.get_by_label("Username").fill("mia")
+    page.get_by_label("Password").fill("pw-mia")
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Search").wait_for()
+
+
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from portal.deployments.routing import endpoint_url
 from tests.factories import make_version
-from tests.web.test_browser import browser_page, shot  # noqa: F401  (a fixture)
+from tests.web.test_browser import browser_page, shot, sign_in  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -22,11 +22,7 @@ def test_the_copy_button_puts_the_base_url_on_the_clipboard(
 ):
     page = browser_page
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
-    page.goto(live_server.url + "/")
-    page.get_by_label("Username").fill("mia")
-    page.get_by_label("Password").fill("pw-mia")
-    page.keyboard.press("Enter")
-    page.get_by_role("heading", name="Search").wait_for()
+    sign_in(page, live_server.url)
     page.goto(live_server.url + reverse("web:deployment_detail", args=[team.slug, deployment.pk]))
 
     button = page.get_by_role("button", name="Copy the base URL")
@@ -66,11 +62,7 @@ def test_the_version_page_fits_a_phone(
     )
     page = browser_page
     page.set_viewport_size({"width": 390, "height": 844})
-    page.goto(live_server.url + "/")
-    page.get_by_label("Username").fill("mia")
-    page.get_by_label("Password").fill("pw-mia")
-    page.keyboard.press("Enter")
-    page.get_by_role("heading", name="Search").wait_for()
+    sign_in(page, live_server.url)
     page.goto(
         live_server.url
         + reverse("web:version_detail", args=[team.slug, model.slug, version.number])
