@@ -258,6 +258,11 @@ def test_an_author_registers_deploys_rolls_back_and_sees_metrics(
         ("11-deployment-phone", f"/t/{deployment.model.team.slug}/deployments/{deployment.pk}/"),
         ("12-version-phone", f"/t/{deployment.model.team.slug}/models/tiny/v1/"),
         ("13-deploy-form-phone", f"/t/{deployment.model.team.slug}/models/tiny/deploy/?version=2"),
+        ("14-model-phone", f"/t/{deployment.model.team.slug}/models/tiny/"),
+        ("15-new-version-phone", f"/t/{deployment.model.team.slug}/models/tiny/versions/new/"),
+        ("16-new-model-phone", f"/t/{deployment.model.team.slug}/models/new/"),
+        ("17-caller-keys-phone", f"/t/{deployment.model.team.slug}/keys/"),
+        ("18-tokens-phone", f"/t/{deployment.model.team.slug}/tokens/"),
     ]:
         page.goto(base + path)
         page.wait_for_timeout(500)
