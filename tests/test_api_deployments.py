@@ -134,6 +134,7 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
             "kserve_grpc": [],
         },
         "instances": [],
+        "estimated_cost_per_hour": None,  # cpu-local has no price
         "last_reconciled_at": None,
     }
     [event] = events_of(deployment)

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from portal.accounts.models import CallerKey, Team
 from portal.cache.models import Materialization
-from portal.deployments import limits
+from portal.deployments import costs, limits
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
@@ -140,11 +140,25 @@ class ReleaseOut(serializers.ModelSerializer):
 
 
 class InstanceTypeOut(serializers.ModelSerializer):
+    price_per_hour = serializers.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        read_only=True,
+        allow_null=True,
+        help_text="USD per instance-hour as an operator set it (a decimal string); null when "
+        "unset, and then no estimate is given.",
+    )
+    spec = serializers.CharField(
+        source="spec_line",
+        read_only=True,
+        help_text='One instance in words: "2 \u00d7 nvidia-h100 · 16 vCPU · 200 GiB".',
+    )
+
     class Meta:
         model = InstanceType
         fields = [
             "name", "description", "accelerator", "gpus", "cpus", "memory_gib", "engine",
-            "backends",
+            "backends", "price_per_hour", "spec",
         ]  # fmt: skip
 
 
@@ -288,6 +302,11 @@ class DeploymentOut(serializers.ModelSerializer):
         "without a stage. Same as ``status.stage_percent``."
     )
     instances = serializers.SerializerMethodField()
+    estimated_cost_per_hour = serializers.SerializerMethodField(
+        help_text="USD per hour for the instances it runs now (its replicas, more during a "
+        "rollout; 0 once retired), from its instance type's price; null when the type has "
+        "no price. An estimate, not a bill."
+    )
 
     class Meta:
         model = Deployment
@@ -297,7 +316,7 @@ class DeploymentOut(serializers.ModelSerializer):
             "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
             "stage_percent", "traffic", "status", "status_message", "endpoint", "call", "instances",
-            "last_reconciled_at", "created_at", "updated_at",
+            "estimated_cost_per_hour", "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
 
     def get_endpoint(self, deployment: Deployment) -> str:
@@ -324,6 +343,11 @@ class DeploymentOut(serializers.ModelSerializer):
 
     def get_stage_percent(self, deployment: Deployment) -> int | None:
         return self._status(deployment).stage_percent
+
+    @extend_schema_field(serializers.DecimalField(max_digits=16, decimal_places=4, allow_null=True))
+    def get_estimated_cost_per_hour(self, deployment: Deployment) -> str | None:
+        cost = costs.deployment_estimate(deployment, deployment.instances.all())
+        return None if cost is None else str(cost.per_hour)
 
     @extend_schema_field(InstanceBriefOut(many=True))
     def get_instances(self, deployment: Deployment) -> list[dict[str, Any]]:

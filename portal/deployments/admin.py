@@ -36,7 +36,8 @@ class InstanceTypeForm(forms.ModelForm):
 class InstanceTypeAdmin(admin.ModelAdmin):
     form = InstanceTypeForm
     list_display = [
-        "name", "accelerator", "gpus", "cpus", "memory_gib", "engine", "backends", "is_active",
+        "name", "accelerator", "gpus", "cpus", "memory_gib", "price_per_hour", "engine",
+        "backends", "is_active",
     ]  # fmt: skip
     list_filter = ["is_active", "accelerator"]
     search_fields = ["name", "description"]

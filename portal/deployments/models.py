@@ -93,12 +93,30 @@ class InstanceType(models.Model):
         help_text="The backends this type can serve: vllm, python, or both.",
     )
     is_active = models.BooleanField(default=True)
+    #: What one instance of this type costs, for the estimates on the deploy form, the
+    #: deployment page and the API (:mod:`portal.deployments.costs`); nothing is billed here.
+    price_per_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD per instance-hour, operator-set; blank: no estimate shown.",
+    )
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def spec_line(self) -> str:
+        """One instance's shape in a few words ("2 x nvidia-h100 · 16 vCPU · 200 GiB", with a
+        multiplication sign), as the deploy form, the deployment page and the API put it, so
+        people compare types by what they get rather than by name."""
+        times = "\u00d7"  # the multiplication sign, as the pages write counts of things
+        machine = f"{self.gpus} {times} {self.accelerator or 'GPU'}" if self.gpus else "CPU"
+        return f"{machine} · {self.cpus} vCPU · {self.memory_gib} GiB"
 
     @property
     def serving_engine(self) -> str:

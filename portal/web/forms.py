@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 
 from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
-from portal.deployments import limits
+from portal.deployments import costs, limits
 from portal.deployments.models import InstanceType, Strategy
 from portal.registry.models import (
     ApiSurface,
@@ -193,6 +193,25 @@ def _version_choice(version: ModelVersion) -> str:
     return f"v{version.number} ({version.get_state_display().lower()}: deploys once ready)"
 
 
+def _instance_type_choice(instance_type: InstanceType) -> str:
+    """A type as the deploy form lists it: what one instance is, and what it costs."""
+    price = instance_type.price_per_hour
+    cost = f"{costs.dollars(price)}/hour" if price is not None else costs.NO_PRICE
+    return f"{instance_type.name}: {instance_type.spec_line} · {cost}"
+
+
+class InstanceTypeSelect(forms.Select):
+    """Each option carries its type's price per hour (``data-price``, absent when unset), which
+    static/web/cost_estimate.js multiplies by the replicas as people change them."""
+
+    def create_option(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        option = super().create_option(*args, **kwargs)
+        instance = getattr(option["value"], "instance", None)
+        if instance is not None and instance.price_per_hour is not None:
+            option["attrs"]["data-price"] = str(instance.price_per_hour)
+        return option
+
+
 class DeployForm(forms.Form):
     version = forms.ModelChoiceField(queryset=ModelVersion.objects.none(), empty_label=None)
     strategy = forms.ChoiceField(
@@ -204,7 +223,9 @@ class DeployForm(forms.Form):
         initial=limits.REPLICAS.default,
     )
     instance_type = forms.ModelChoiceField(
-        queryset=InstanceType.objects.filter(is_active=True), empty_label=None
+        queryset=InstanceType.objects.filter(is_active=True),
+        empty_label=None,
+        widget=InstanceTypeSelect,
     )
     stages = forms.CharField(
         initial=", ".join(str(s) for s in limits.DEFAULT_STAGES),
@@ -248,11 +269,27 @@ class DeployForm(forms.Form):
             version.empty_label = "Choose a version"
         types = cast(forms.ModelChoiceField, self.fields["instance_type"])
         types.queryset = InstanceType.objects.filter(pk__in=[t.pk for t in instance_types])
+        types.label_from_instance = _instance_type_choice  # type: ignore[method-assign,assignment]
         if len(instance_types) < InstanceType.objects.filter(is_active=True).count():
             types.help_text = "Types that cannot serve this version's backend are not listed."
 
     def clean_stages(self) -> list[int]:
         return _parse_stages(self.cleaned_data["stages"])
+
+    def cost_estimate(self) -> str:
+        """The estimate under the replicas for the type and count the form shows now (posted,
+        or initial); static/web/cost_estimate.js keeps it up to date as they change."""
+        offered = list(cast(forms.ModelChoiceField, self.fields["instance_type"]).queryset or [])
+        chosen = self["instance_type"].value()
+        chosen_pk = str(getattr(chosen, "pk", chosen))
+        # What the select shows selected: the chosen type, else its first option.
+        instance_type = next((t for t in offered if str(t.pk) == chosen_pk), None) or next(
+            iter(offered), None
+        )
+        replicas = str(self["replicas"].value() or "")
+        if instance_type is None or not replicas.isdigit() or int(replicas) < 1:
+            return ""
+        return costs.summary(costs.estimate(instance_type.price_per_hour, int(replicas)))
 
 
 def expiry_field() -> forms.IntegerField:

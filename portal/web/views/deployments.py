@@ -19,6 +19,7 @@ from django.views.decorators.http import require_http_methods
 
 from portal.core.actors import Actor
 from portal.core.errors import ApplicationError
+from portal.deployments import costs
 from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment
@@ -116,6 +117,8 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "not_deployable": not_deployable,
             "waits_for": waits_for,
             "nothing_to_deploy": not candidates.exists(),
+            "hours_per_month": costs.HOURS_PER_MONTH,
+            "no_price": costs.NO_PRICE,
             # What changes from the serving version to the one being deployed.
             "diff": (
                 version_diff(serving.target_version, version)
@@ -200,6 +203,10 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             **call_context(deployment),
             **playground_context(deployment),
             **_live_context(deployment, None, None),
+            # What it costs as the page loads (the live part refreshes, this line does not).
+            "cost": costs.summary(
+                costs.deployment_estimate(deployment, deployment.instances.all())
+            ),
         },
     )
 
