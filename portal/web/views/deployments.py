@@ -192,6 +192,7 @@ def _tag(deployment: Deployment, instances: list, events: list) -> str:
 def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
     deployment = get_deployment(ctx, pk)
+    live = _live_context(deployment, None, None)
     return render(
         request,
         "web/deployment_detail.html",
@@ -202,11 +203,10 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             "served_model_name": triton_model_name(deployment.target_version),
             **call_context(deployment),
             **playground_context(deployment),
-            **_live_context(deployment, None, None),
-            # What it costs as the page loads (the live part refreshes, this line does not).
-            "cost": costs.summary(
-                costs.deployment_estimate(deployment, deployment.instances.all())
-            ),
+            **live,
+            # What it costs as the page loads (the live part refreshes, this line does not),
+            # from the running instances the live part already read.
+            "cost": costs.summary(costs.deployment_estimate(deployment, live["instances"])),
         },
     )
 
