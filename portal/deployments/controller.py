@@ -19,6 +19,12 @@ Red-Black, per stage ``p`` of ``stages`` (``N`` replicas, new version ``T``, ser
 
 Any failure, or an abort or rollback request, rolls back: ``P`` is first restored to ``N``
 ready instances, then gets 100% of the traffic, and only then are ``T``'s instances drained.
+
+``N`` itself is the autoscaler's when the deployment has a scaling policy (:mod:`.autoscaling`):
+each step first reads the serving instances' load and may change ``N``, and every set then
+follows from it, so during a rollout both versions grow or shrink together at the stage's split.
+A serving deployment idle for its ``scale_to_zero_after_seconds`` sleeps (every instance
+drained, the route kept for the gateway to hold requests on) until :func:`wake` is asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +44,8 @@ from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
-from portal.deployments import instances, routing
+from portal.deployments import autoscaling, instances, routing
+from portal.deployments.autoscaling import InstanceLoad, ScalingPolicy
 from portal.deployments.healing import RestartPolicy
 from portal.deployments.instances import View
 from portal.deployments.launchers import get_launcher, version_set
@@ -48,7 +56,7 @@ from portal.deployments.models import (
     EventKind,
     ObservedState,
 )
-from portal.deployments.rollout_health import scrape_counts
+from portal.deployments.rollout_health import scrape_counts, scrape_load
 from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep
 from portal.deployments.status import traffic_text
 from portal.deployments.strategies import RolloutPlan, plan_for
@@ -59,6 +67,12 @@ LOCK_SECONDS = 30
 ERROR_RETRY_SECONDS = 5.0
 #: How long a new instance may fail its health check during a bake before that is a failure.
 UNHEALTHY_GRACE_SECONDS = 10
+#: How soon a step looks again while an instance it started is loading (a wake, a scale-up):
+#: its readiness is what held requests and new capacity wait for.
+STARTING_INTERVAL_SECONDS = 1.0
+#: States in which the autoscaler may change the count (not while rolling back: a rollback
+#: restores the exact previous set).
+SCALED_STATES = (ObservedState.SERVING, ObservedState.PROGRESSING, ObservedState.PAUSED)
 log = logging.getLogger(__name__)
 
 
@@ -85,6 +99,7 @@ def reconcile(deployment_id: int) -> float | None:
         view = None
         try:
             view = instances.sync(deployment)
+            _autoscale(deployment, view)
             delay = _STEPS[deployment.observed_state](deployment, plan_for(deployment), view)
             instances.stop_drained(deployment, view, routing.publish(deployment, view.rows))
         except Exception as exc:  # a launcher or its API failing: say so, and try again
@@ -221,6 +236,146 @@ def _counts(view: View, version: ModelVersion) -> dict[str, RequestCounts]:
     return counts
 
 
+# --- autoscaling --------------------------------------------------------------------------------
+
+
+def _serving_rows(deployment: Deployment, view: View) -> list[Any]:
+    """The ready instances of the versions the traffic split names: those taking the load."""
+    versions = [v for v in (deployment.target_version, deployment.previous_version) if v]
+    return [
+        row
+        for version in versions
+        if deployment.traffic.get(version.number)
+        for row in view.ready(version)
+        if row.endpoints.get("metrics")
+    ]
+
+
+def _loads(rows: list[Any]) -> list[InstanceLoad]:
+    """Each instance's load, read in parallel; those that did not answer are left out."""
+    if not rows:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(rows))) as pool:
+        found = pool.map(lambda row: scrape_load(row.endpoints["metrics"]), rows)
+    return [load for load in found if load is not None]
+
+
+def _autoscale(deployment: Deployment, view: View) -> None:
+    """Set ``replicas`` from the serving instances' load, by the deployment's policy, and say
+    why in the timeline when it changes. Asleep, rolling back or with a fixed count: nothing."""
+    if deployment.observed_state not in SCALED_STATES or deployment.scaling.asleep:
+        return
+    policy = ScalingPolicy.of(deployment)
+    if not policy.autoscales and deployment.replicas == policy.min_replicas:
+        return
+    loads = _loads(_serving_rows(deployment, view)) if policy.autoscales else []
+    replicas, state, decision = autoscaling.decide(
+        policy, deployment.scaling, deployment.replicas, loads, time.time()
+    )
+    if decision is None:
+        if state != deployment.scaling:
+            _update(deployment, scaling=state)
+        return
+    _update(deployment, replicas=replicas, scaling=state)
+    record_event(
+        deployment,
+        actor=CONTROLLER,
+        kind=EventKind.SCALING,
+        message=f"Scaled {decision.replicas_from} → {decision.replicas_to}: {decision.reason}.",
+        data=decision.to_json(),
+    )
+
+
+def _hold_stage_shares(deployment: Deployment, plan: RolloutPlan, view: View) -> None:
+    """During a rollout, after ``N`` changed: the new version's set follows its share of the
+    split already made (the *scale* phase grows it towards the next stage itself), and the
+    previous version's shrinks to its share (:func:`_keep_fallback_share` grows it)."""
+    target = deployment.target_version
+    shifted = deployment.traffic.get(target.number, 0)
+    if deployment.step.phase in (Phase.SHIFT, Phase.BAKE) and shifted:
+        want = plan.new_instances(shifted)
+        live = len(view.live(target))
+        if live < want:
+            _start(deployment, target, want - live, f"{want} serve its {shifted}% now")
+        elif live > want:
+            instances.retire_extra(view, target, want, f"scaled down: {want} serve {shifted}%")
+    if plan.fallback is not None:
+        keep = plan.old_instances(shifted)
+        if len(view.live(plan.fallback)) > keep:
+            instances.retire_extra(
+                view, plan.fallback, keep, f"scaled down: {keep} serve {100 - shifted}%"
+            )
+
+
+def _last_activity(deployment: Deployment, view: View, requests: dict[str, float]) -> float | None:
+    """When the deployment last had a reason to be awake: its last request through the
+    gateways (``requests``, by route), its last wake, or its newest instance becoming ready."""
+    times = [deployment.scaling.woken_at, requests.get(routing.route_path(deployment))]
+    if deployment.last_request_at is not None:
+        times.append(deployment.last_request_at.timestamp())
+    times += [r.ready_at.timestamp() for r in view.ready(deployment.target_version) if r.ready_at]
+    found = [t for t in times if t is not None]
+    return max(found) if found else None
+
+
+def _maybe_sleep(deployment: Deployment, view: View) -> bool:
+    """Scale to zero when the policy allows and nothing has called for that long, and no
+    request is in flight on any instance. Returns whether it went to sleep."""
+    after = deployment.scale_to_zero_after_seconds
+    requests = get_launcher().last_requests() if after is not None else None
+    if after is None or requests is None:
+        return False  # (a launcher that cannot tell when a route was called never sleeps)
+    idle = autoscaling.idle_for(_last_activity(deployment, view, requests), time.time())
+    if idle < after:
+        return False
+    rows = _serving_rows(deployment, view)
+    loads = _loads(rows)
+    if len(loads) < len(rows) or any(load.in_flight for load in loads):
+        return False  # a request still running, or an instance that did not say: stay up
+    target = deployment.target_version
+    retiring = instances.retire_extra(view, target, 0, "scaled to zero")
+    message = (
+        f"Scaled to zero: no request for {idle / 60:.0f} min (the policy's "
+        f"{after} s); the gateway holds the next request and starts an instance."
+    )
+    _update(
+        deployment,
+        scaling=deployment.scaling.but(asleep_since=time.time(), recommendations=()),
+        status_message=message,
+    )
+    record_event(
+        deployment,
+        actor=CONTROLLER,
+        kind=EventKind.SCALING,
+        message=message,
+        data={"asleep": True, "idle_seconds": round(idle), "retiring": retiring},
+    )
+    return True
+
+
+def _woken(deployment: Deployment, view: View) -> None:
+    """After a wake, once the first instance is ready: how long the cold start took."""
+    woken_at = deployment.scaling.woken_at
+    ready = view.ready(deployment.target_version)
+    if woken_at is None or not ready:
+        return
+    first = min((r.ready_at.timestamp() for r in ready if r.ready_at), default=time.time())
+    seconds = round(max(0.0, first - woken_at), 2)
+    _update(
+        deployment,
+        scaling=deployment.scaling.but(woken_at=None, cold_start_seconds=seconds),
+        status_message=f"Awake: v{deployment.target_version.number} serves again; the cold "
+        f"start took {seconds:.1f} s.",
+    )
+    record_event(
+        deployment,
+        actor=CONTROLLER,
+        kind=EventKind.SCALING,
+        message=f"Cold start: the first instance was ready {seconds:.1f} s after the wake.",
+        data={"cold_start_seconds": seconds},
+    )
+
+
 # --- failures -----------------------------------------------------------------------------------
 
 
@@ -322,6 +477,7 @@ def _progressing(deployment: Deployment, plan: RolloutPlan, view: View) -> float
     failure = _rollout_failure(deployment, view)
     if failure:
         return _begin_rollback(deployment, plan, failure)
+    _hold_stage_shares(deployment, plan, view)
     _keep_fallback_share(deployment, plan, view)
     if deployment.promote_requested:
         # Promote finishes the rollout now: straight to the last stage, and no bake (one under
@@ -450,6 +606,7 @@ def _paused(deployment: Deployment, plan: RolloutPlan, view: View) -> float | No
     failure = _rollout_failure(deployment, view)
     if failure:
         return _begin_rollback(deployment, plan, failure)
+    _hold_stage_shares(deployment, plan, view)
     _keep_fallback_share(deployment, plan, view)
     if deployment.desired_state == DesiredState.ACTIVE:
         # The bake starts over: its baseline and clock are stale after a pause.
@@ -547,6 +704,12 @@ def _serving(deployment: Deployment, plan: RolloutPlan, view: View) -> float | N
     for version in view.versions():
         if version.pk != target.pk:
             instances.retire_extra(view, version, 0, f"v{version.number} no longer serves")
+    if deployment.scaling.asleep:
+        # Scaled to zero: nothing runs, the route stays (the gateways hold its requests).
+        instances.retire_extra(view, target, 0, "scaled to zero")
+        if deployment.traffic != {target.number: 100}:
+            _update(deployment, traffic={target.number: 100})
+        return settings.RECONCILE_IDLE_INTERVAL_SECONDS
     limit = settings.UNHEALTHY_REPLACE_SECONDS
     stuck = view.unhealthy_for(target, limit)
     if stuck:
@@ -569,6 +732,11 @@ def _serving(deployment: Deployment, plan: RolloutPlan, view: View) -> float | N
             status_message=f"v{target.number} serves on {ready} instance(s) again; lost "
             "instances were replaced.",
         )
+    _woken(deployment, view)
+    if view.not_ready(target):
+        return STARTING_INTERVAL_SECONDS  # capacity (or a held request) waits for it
+    if _maybe_sleep(deployment, view):
+        return _interval()
     return settings.RECONCILE_IDLE_INTERVAL_SECONDS
 
 

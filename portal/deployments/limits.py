@@ -60,12 +60,33 @@ MAX_STAGES = 10
 STAGE_PERCENT = IntBounds(min=1, max=100, default=100)
 DEFAULT_STAGES = (10, 50, 100)
 
+#: Autoscaling (:mod:`portal.deployments.autoscaling`): the replica bounds reuse ``REPLICAS``'s;
+#: ``min_replicas == max_replicas`` is a fixed count, today's default.
+MIN_REPLICAS = REPLICAS
+MAX_REPLICAS = REPLICAS
+#: The target per instance of the chosen signal: in-flight or waiting requests per instance,
+#: or the KV-cache usage fraction (which must then be at most 1, checked with the metric).
+SCALE_TARGET = Bounds(min=0.01, max=1000.0, default=4.0)
+#: How long a higher (up) or lower (down) replica count must be recommended before it is
+#: applied: scale-up acts on the lowest recommendation of its window, scale-down on the highest
+#: of its, as Kubernetes' HPA stabilization does.
+SCALE_UP_WINDOW_SECONDS = IntBounds(min=0, max=3600, default=10)
+SCALE_DOWN_WINDOW_SECONDS = IntBounds(min=0, max=3600, default=300)
+#: Scale to zero after this long without a request; None (the default) never does.
+SCALE_TO_ZERO_AFTER_SECONDS = IntBounds(min=10, max=7 * 24 * 3600, default=900)
+
 #: The numeric settings, by the name they have on the model, the service, the API and the form.
 BOUNDS: dict[str, Bounds] = {
     "replicas": REPLICAS,
     "bake_seconds": BAKE_SECONDS,
     "health_deadline_seconds": HEALTH_DEADLINE_SECONDS,
     "max_error_rate": MAX_ERROR_RATE,
+    "min_replicas": MIN_REPLICAS,
+    "max_replicas": MAX_REPLICAS,
+    "scale_target": SCALE_TARGET,
+    "scale_up_window_seconds": SCALE_UP_WINDOW_SECONDS,
+    "scale_down_window_seconds": SCALE_DOWN_WINDOW_SECONDS,
+    "scale_to_zero_after_seconds": SCALE_TO_ZERO_AFTER_SECONDS,
 }
 
 STAGES_MESSAGE = (

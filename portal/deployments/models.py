@@ -13,6 +13,7 @@ from django.db import models
 
 from portal.core.models import AppendOnlyModel
 from portal.deployments import limits
+from portal.deployments.autoscaling import ScaleMetric, ScalingState
 from portal.deployments.limits import default_stages  # the initial migration names it here
 from portal.deployments.rollout_state import (
     RolloutStep,
@@ -51,6 +52,21 @@ class RolloutStepField(models.JSONField):
 
     def get_prep_value(self, value):
         if isinstance(value, RolloutStep):
+            value = value.to_json()
+        return super().get_prep_value(value)
+
+    def value_to_string(self, obj):
+        return self.value_from_object(obj).to_json()
+
+
+class ScalingStateField(models.JSONField):
+    """The autoscaler's :class:`~.autoscaling.ScalingState`, stored as its JSON."""
+
+    def from_db_value(self, value, expression, connection) -> ScalingState:
+        return ScalingState.from_json(super().from_db_value(value, expression, connection))
+
+    def get_prep_value(self, value):
+        if isinstance(value, ScalingState):
             value = value.to_json()
         return super().get_prep_value(value)
 
@@ -211,7 +227,28 @@ class Deployment(models.Model):
     )
     #: Bounds and defaults of the rollout settings: :mod:`portal.deployments.limits`, which the
     #: service enforces (the admin cannot change a deployment).
+    #: How many instances serve now: people's fixed count, or, when ``min_replicas <
+    #: max_replicas``, the autoscaler's (the controller writes it, :mod:`.autoscaling`).
     replicas = models.PositiveSmallIntegerField(default=limits.REPLICAS.default)
+    #: The scaling policy; ``min == max`` (the default) is a fixed count.
+    min_replicas = models.PositiveSmallIntegerField(default=limits.MIN_REPLICAS.default)
+    max_replicas = models.PositiveSmallIntegerField(default=limits.MAX_REPLICAS.default)
+    scale_metric = models.CharField(
+        max_length=16, choices=ScaleMetric.choices, default=ScaleMetric.IN_FLIGHT
+    )
+    #: The signal's target per instance (requests, or the KV-cache fraction).
+    scale_target = models.FloatField(default=limits.SCALE_TARGET.default)
+    scale_up_window_seconds = models.PositiveIntegerField(
+        default=limits.SCALE_UP_WINDOW_SECONDS.default
+    )
+    scale_down_window_seconds = models.PositiveIntegerField(
+        default=limits.SCALE_DOWN_WINDOW_SECONDS.default
+    )
+    #: Stop every instance after this long without a request (the gateway holds the next ones
+    #: and wakes the deployment); None: never.
+    scale_to_zero_after_seconds = models.PositiveIntegerField(null=True, blank=True)
+    #: The autoscaler's memory: recent recommendations, sleep and wake, last decisions.
+    scaling = ScalingStateField(default=ScalingState, blank=True)
     instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
     #: Percent of traffic on the new version after each stage; the last is always 100.
     stages = models.JSONField(default=default_stages)
@@ -265,6 +302,10 @@ class Deployment(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(replicas__gte=1), name="deployment_replicas_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__gte=1, max_replicas__gte=models.F("min_replicas")),
+                name="deployment_replica_bounds",
             ),
         ]
 
@@ -342,6 +383,7 @@ class EventKind(models.TextChoices):
     ACTION = "action", "Action requested"
     STATE = "state", "State changed"
     INSTANCE = "instance", "Instance changed"
+    SCALING = "scaling", "Scaled"
 
 
 class DeploymentEvent(AppendOnlyModel):

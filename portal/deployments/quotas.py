@@ -1,9 +1,10 @@
 """A team's quotas: how many live deployments, replicas and GPUs it may ask for.
 
 Checked when a deploy or a scale is asked for, against what the team's live deployments ask for
-(their replicas, not the instances a rollout stage briefly runs beside them), with the team's
-row locked so two requests at once cannot both take the last unit. The error names the quota,
-what is in use and what the request adds, so the caller knows what to free or whom to ask.
+(the most replicas each one's scaling policy allows, not the instances a rollout stage briefly
+runs beside them), with the team's row locked so two requests at once cannot both take the last
+unit. The error names the quota, what is in use and what the request adds, so the caller knows
+what to free or whom to ask.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def usage(team: Team, excluding: Deployment | None = None) -> Usage:
         live = live.exclude(pk=excluding.pk)
     totals = live.aggregate(
         deployments=Count("pk"),
-        instances=Sum("replicas"),
-        gpus=Sum(F("replicas") * F("instance_type__gpus")),
+        instances=Sum("max_replicas"),
+        gpus=Sum(F("max_replicas") * F("instance_type__gpus")),
     )
     return Usage(totals["deployments"], totals["instances"] or 0, totals["gpus"] or 0)
 

@@ -1,4 +1,5 @@
-"""The health signals a rollout is judged by, read from the instances' own unified ``/metrics``.
+"""The signals a rollout is judged and a deployment scaled by, read from the instances' own
+unified ``/metrics``.
 
 Counts are cumulative, so a bake compares them with a baseline taken when it began: the error
 rate of a stage is (failures since) / (requests since), over the new version's instances.
@@ -6,6 +7,7 @@ rate of a stage is (failures since) / (requests since), over the new version's i
 
 from __future__ import annotations
 
+from portal.deployments.autoscaling import InstanceLoad
 from portal.deployments.rollout_state import RequestCounts
 from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot, parse_exposition
 
@@ -30,3 +32,15 @@ def scrape_counts(metrics_url: str) -> RequestCounts | None:
         return _counts(fetch_snapshot(metrics_url, timeout=SCRAPE_TIMEOUT_SECONDS))
     except ScrapeError:
         return None
+
+
+def scrape_load(metrics_url: str) -> InstanceLoad | None:
+    """The instance's load now (requests running and waiting, KV-cache usage), or None when its
+    ``/metrics`` cannot be read: the autoscaler's reading (:mod:`.autoscaling`)."""
+    try:
+        snapshot = fetch_snapshot(metrics_url, timeout=SCRAPE_TIMEOUT_SECONDS)
+    except ScrapeError:
+        return None
+    return InstanceLoad(
+        snapshot.requests_running, snapshot.requests_waiting, snapshot.kv_cache_usage
+    )

@@ -216,7 +216,12 @@ def _route(
                 ),
             )
         )
-    return Route(deployment.pk, route_path(deployment), tuple(shares))
+    return Route(
+        deployment.pk,
+        route_path(deployment),
+        tuple(shares),
+        wake=deployment.scale_to_zero_after_seconds is not None,
+    )
 
 
 def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | None = None) -> int:
@@ -366,6 +371,7 @@ def _dump(route: Route | None) -> str | None:
         {
             "deployment_id": route.deployment_id,
             "path": route.path,
+            "wake": route.wake,
             "shares": [
                 {
                     "version_set": {
@@ -389,6 +395,7 @@ def _load(text: str) -> Route:
     return Route(
         deployment_id=data["deployment_id"],
         path=data["path"],
+        wake=data.get("wake", False),
         shares=tuple(
             TrafficShare(
                 version_set=VersionSet(

@@ -15,7 +15,8 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import limits, quotas
+from portal.deployments import limits, quotas, scaling_policy
+from portal.deployments.autoscaling import METRIC_WORDS, ScaleMetric
 from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
@@ -90,6 +91,7 @@ def deploy(
     health_deadline_seconds: int | None = None,
     max_error_rate: float | None = None,
     allow_io_change: bool = False,
+    scaling: dict[str, object] | None = None,
 ) -> Deployed:
     """Serve ``version`` of ``model`` with ``strategy``: the one thing both the deploy page and
     ``POST /api/v1/deployments/`` do, so the same request has the same outcome in both.
@@ -104,7 +106,8 @@ def deploy(
 
     - Settings not given keep the live deployment's values (a call naming only the version
       never scales a deployment down to the defaults); given ones change it, recorded as an
-      update.
+      update. ``scaling`` holds the scaling policy's settings given
+      (:mod:`.scaling_policy`).
     - The instance type is the live deployment's: a rollout cannot move the endpoint to another
       machine shape, so another one is refused (400) rather than silently ignored.
     - A rollout already under way, or an interface change without ``allow_io_change``, is
@@ -134,6 +137,7 @@ def deploy(
             health_deadline_seconds=health_deadline_seconds,
             max_error_rate=max_error_rate,
             allow_io_change=allow_io_change,
+            scaling=scaling,
         )
         return Deployed(deployment, created=True)
     if instance_type.pk != live.instance_type_id:
@@ -155,6 +159,7 @@ def deploy(
             version=version,
             replicas=replicas,
             allow_io_change=allow_io_change,
+            scaling=scaling,
             **{k: v for k, v in settings_given.items() if v is not None},
         )
     except Conflict as exc:
@@ -178,6 +183,7 @@ def create_deployment(
     health_deadline_seconds: int | None = None,
     max_error_rate: float | None = None,
     allow_io_change: bool = False,
+    scaling: dict[str, object] | None = None,
 ) -> Deployment:
     """Create a deployment serving ``version`` (people deploy through :func:`deploy`). A
     version not yet ready is waited for by the controller, and one whose weights were evicted
@@ -187,7 +193,10 @@ def create_deployment(
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
     check_instance_type(instance_type, version)
-    replicas = limits.REPLICAS.default if replicas is None else replicas
+    policy = scaling_policy.resolve(
+        current=None, current_replicas=None, replicas=replicas, given=scaling or {}, version=version
+    )
+    replicas = policy.pop("replicas")
     stages = limits.default_stages() if stages is None else stages
     bake_seconds = limits.BAKE_SECONDS.default if bake_seconds is None else bake_seconds
     health_deadline_seconds = (
@@ -209,6 +218,7 @@ def create_deployment(
         target_version=version,
         instance_type=instance_type,
         replicas=replicas,
+        **policy,
         stages=stages,
         bake_seconds=bake_seconds,
         health_deadline_seconds=health_deadline_seconds,
@@ -218,16 +228,23 @@ def create_deployment(
     )
     try:
         with transaction.atomic():
-            quotas.check_quota(model.team_id, replicas=replicas, instance_type=instance_type)
+            quotas.check_quota(
+                model.team_id, replicas=policy["max_replicas"], instance_type=instance_type
+            )
             deployment.save()
             record_event(
                 deployment,
                 actor=actor,
                 kind=EventKind.CREATED,
                 message=f"Deploy v{version.number} with {deployment.get_strategy_display()}, "
-                f"{replicas} replica(s) on {instance_type}.",
+                f"{policy_words(deployment)} on {instance_type}.",
                 to_state=ObservedState.PENDING,
-                data={"version": version.number, "replicas": replicas, "stages": stages},
+                data={
+                    "version": version.number,
+                    "replicas": replicas,
+                    "stages": stages,
+                    **({"scaling": policy} if policy != _fixed(replicas) else {}),
+                },
             )
     except IntegrityError as exc:
         existing = Deployment.objects.filter(model=model, observed_state__in=LIVE_STATES)
@@ -251,6 +268,7 @@ def update_deployment(
     version: ModelVersion | None = None,
     replicas: int | None = None,
     allow_io_change: bool = False,
+    scaling: dict[str, object] | None = None,
     **rollout: object,
 ) -> Deployment:
     """Scale a deployment, change how its next stages roll out (``stages``, ``bake_seconds``,
@@ -281,28 +299,88 @@ def update_deployment(
             for name, value in changed.items():
                 setattr(locked, name, value)
             locked.save(update_fields=[*changed, "updated_at"])
-        if replicas is not None and replicas > locked.replicas:
-            quotas.check_quota(
-                locked.model.team_id,
-                replicas=replicas,
-                instance_type=locked.instance_type,
-                replacing=locked,
-            )
-        if replicas is not None and replicas != locked.replicas:
-            record_event(
-                locked,
-                actor=actor,
-                kind=EventKind.UPDATED,
-                message=f"Replicas {locked.replicas} → {replicas}.",
-                data={"replicas": [locked.replicas, replicas]},
-            )
-            locked.replicas = replicas
-            locked.save(update_fields=["replicas", "updated_at"])
+        _apply_policy(locked, actor, replicas, scaling or {}, version or locked.target_version)
         if version is not None and version.pk != locked.target_version_id:
             _start_new_rollout(locked, version, actor, allow_io_change)
     deployment.refresh_from_db()
     kick(deployment)
     return deployment
+
+
+def _fixed(replicas: int) -> dict[str, object]:
+    """The policy of a fixed count: what a deployment without autoscaling has."""
+    return {**scaling_policy.defaults(), "min_replicas": replicas, "max_replicas": replicas}
+
+
+def policy_words(deployment: Deployment) -> str:
+    """The scaling policy in a few words: "2 replica(s)", "1-4 replicas on in-flight requests
+    per instance 4", with ", to zero after 600 s idle"."""
+    if deployment.min_replicas == deployment.max_replicas:
+        words = f"{deployment.replicas} replica(s)"
+    else:
+        words = (
+            f"{deployment.min_replicas}-{deployment.max_replicas} replicas on "
+            f"{METRIC_WORDS[ScaleMetric(deployment.scale_metric)]} {deployment.scale_target:g}"
+        )
+    if deployment.scale_to_zero_after_seconds is not None:
+        words += f", to zero after {deployment.scale_to_zero_after_seconds} s idle"
+    return words
+
+
+def _apply_policy(
+    locked: Deployment,
+    actor: Actor,
+    replicas: int | None,
+    given: dict[str, object],
+    version: ModelVersion,
+) -> None:
+    """Change the replicas and scaling policy of ``locked`` (inside its transaction), recorded
+    as one update; a deployment asleep whose policy no longer scales to zero is woken."""
+    if replicas is None and not given:
+        return
+    current = {name: getattr(locked, name) for name in scaling_policy.POLICY_SETTINGS}
+    wanted = scaling_policy.resolve(
+        current=current,
+        current_replicas=locked.replicas,
+        replicas=replicas,
+        given=given,
+        version=version,
+    )
+    changed = {k: v for k, v in wanted.items() if getattr(locked, k) != v}
+    if not changed:
+        return
+    if wanted["max_replicas"] > locked.max_replicas:
+        quotas.check_quota(
+            locked.model.team_id,
+            replicas=wanted["max_replicas"],
+            instance_type=locked.instance_type,
+            replacing=locked,
+        )
+    if (
+        locked.min_replicas == locked.max_replicas
+        and wanted["min_replicas"] == wanted["max_replicas"]
+    ):
+        shown = {k: v for k, v in changed.items() if k not in ("min_replicas", "max_replicas")}
+    else:
+        shown = changed  # a fixed count is its replicas; a policy shows its every change
+    words = ", ".join(
+        f"{'Replicas' if k == 'replicas' else k} {getattr(locked, k)} → {v}"
+        for k, v in shown.items()
+    )
+    record_event(
+        locked,
+        actor=actor,
+        kind=EventKind.UPDATED,
+        message=f"{words[0].upper()}{words[1:]}.",
+        data={k: [getattr(locked, k), v] for k, v in shown.items()},
+    )
+    for name, value in changed.items():
+        setattr(locked, name, value)
+    fields = [*changed, "updated_at"]
+    if locked.scaling.asleep and locked.scale_to_zero_after_seconds is None:
+        locked.scaling = locked.scaling.but(asleep_since=None, woken_at=time.time())
+        fields.append("scaling")
+    locked.save(update_fields=fields)
 
 
 def _start_new_rollout(
@@ -323,6 +401,12 @@ def _start_new_rollout(
                 ]
             }
         )
+    if deployment.scale_to_zero_after_seconds is not None:
+        why = scaling_policy.cannot_scale_to_zero(version)
+        if why is not None:
+            raise ValidationError(
+                {"version": [f"{why} Turn scale to zero off first (scale_to_zero_after_seconds)."]}
+            )
     if deployment.observed_state != ObservedState.SERVING or (
         deployment.desired_state != DesiredState.ACTIVE
     ):

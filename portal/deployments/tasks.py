@@ -7,7 +7,8 @@ and beat's ``redrive_deployments`` restarts the chain of any deployment whose wo
 whose chain Redis lost (a restart without persistence drops the queued tasks and the markers:
 a watched deployment with neither a marker nor a reconcile in progress has nobody coming).
 Beat's ``publish_routes`` rebuilds the routing table from the database now and then, and
-``publish_caller_keys`` the gateways' caller keys (:mod:`.caller_keys`).
+``publish_caller_keys`` the gateways' caller keys (:mod:`.caller_keys`). ``wake_deployment``
+is sent by a gateway holding a request for a deployment scaled to zero (:mod:`.activation`).
 """
 
 from __future__ import annotations
@@ -50,15 +51,25 @@ def wake_deployments_of(version: ModelVersion) -> None:
 
 
 @shared_task
+def wake_deployment(deployment_id: int) -> bool:
+    """A gateway holds a request for a deployment scaled to zero: wake it (sent by the gateway,
+    :mod:`serving.gateway.activator`, by this name)."""
+    from portal.deployments import activation
+
+    return activation.wake(deployment_id)
+
+
+@shared_task
 def redrive_deployments() -> list[int]:
     """Beat: restart the controller for every deployment not looked at recently, or that no
     pending task or running reconcile will look at (its chain was lost with Redis's data).
     Redis losing its data loses the caller keys too, and every gateway then refuses every
     caller: they are published again here, within seconds rather than at the next minute."""
-    from portal.deployments import caller_keys, services
+    from portal.deployments import activation, caller_keys, services
     from portal.deployments.controller import lock_key
 
     caller_keys.republish_if_lost()
+    activation.wake_requested()  # the backstop behind the gateways' wake_deployment tasks
     client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:

@@ -31,7 +31,14 @@ COUNTERS = {
     "vllm:prefix_cache_queries": "prefix_cache_queries",
     "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
-GAUGES = {"vllm:kv_cache_usage_perc": "kv_cache_usage"}
+#: Gauge families → Snapshot field. KV-cache usage is the highest over label sets (engines);
+#: requests running and waiting add up.
+GAUGES = {
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+}
+_SUMMED_GAUGES = ("requests_running", "requests_waiting")
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "ttft",
     "vllm:e2e_request_latency_seconds": "e2e",
@@ -89,6 +96,10 @@ class Snapshot:
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
     kv_cache_usage: float | None = None
+    #: Requests in the engine now (gauges: the reading's own values, as ``kv_cache_usage``);
+    #: what the autoscaler reads (:mod:`portal.deployments.autoscaling`).
+    requests_running: float = 0.0
+    requests_waiting: float = 0.0
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
 
@@ -126,6 +137,8 @@ class Snapshot:
         values: dict[str, Any] = {name: float(data.get(name, 0.0)) for name in _COUNTER_FIELDS}
         usage = data.get("kv_cache_usage")
         values["kv_cache_usage"] = None if usage is None else float(usage)
+        for name in _SUMMED_GAUGES:
+            values[name] = float(data.get(name, 0.0))
         for name in _HISTOGRAM_FIELDS:
             values[name] = Histogram.from_json(data.get(name))
         return cls(**values)
@@ -141,6 +154,7 @@ def _read(text: str) -> tuple[Snapshot, set[str]]:
     prometheus-client's parser refuses the text."""
     counters = dict.fromkeys(_COUNTER_FIELDS, 0.0)
     usage: float | None = None
+    added = dict.fromkeys(_SUMMED_GAUGES, 0.0)
     histograms: dict[str, dict[tuple, bk.Buckets]] = {h: {} for h in _HISTOGRAM_FIELDS}
     counts = dict.fromkeys(_HISTOGRAM_FIELDS, 0.0)
     sums = dict.fromkeys(_HISTOGRAM_FIELDS, 0.0)
@@ -156,8 +170,13 @@ def _read(text: str) -> tuple[Snapshot, set[str]]:
                     counters[key] += sample.value
         elif name in GAUGES:
             found.add(name)
+            key = GAUGES[name]
             for sample in family.samples:
-                if sample.name == family.name and not math.isnan(sample.value):
+                if sample.name != family.name or math.isnan(sample.value):
+                    continue
+                if key in added:
+                    added[key] += sample.value
+                else:
                     usage = sample.value if usage is None else max(usage, sample.value)
         elif name in HISTOGRAMS:
             found.add(name)
@@ -177,7 +196,7 @@ def _read(text: str) -> tuple[Snapshot, set[str]]:
         summed = bk.merge(per_series.values())
         count = counts[key] if has_count[key] else bk.total(summed)
         merged[key] = Histogram(summed, count, sums[key])
-    values: dict[str, Any] = {**counters, "kv_cache_usage": usage, **merged}
+    values: dict[str, Any] = {**counters, "kv_cache_usage": usage, **added, **merged}
     return Snapshot(**values), found
 
 

@@ -122,6 +122,9 @@ class Route:
     deployment_id: int
     path: str
     shares: tuple[TrafficShare, ...]
+    #: The deployment may be scaled to zero: a gateway with no ready instance for the route
+    #: holds its requests and wakes the deployment instead of answering 503 at once.
+    wake: bool = False
 
 
 #: The most one :meth:`Launcher.read_log` call returns: a page polling a log never makes the

@@ -44,6 +44,7 @@ class GatewayRoutes:
                     )
                     for share in route.shares
                 ],
+                wake=route.deployment_id if route.wake else None,
             )
             for route in routes
         ]
