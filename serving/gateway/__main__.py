@@ -12,6 +12,13 @@ ignored; the last good one stays. A generation counter lower than the applied ta
 Redis lost its data (a restart without persistence): the table published under the new counter
 is taken even though its number is lower. SIGTERM: stop accepting, let in-flight requests
 finish (``--drain-timeout``), exit 0.
+
+A request for a deployment scaled to zero is held until the table gives its route an instance
+(:mod:`serving.gateway.activator`): at most ``--hold-max`` per route and process
+(``GATEWAY_HOLD_MAX``, default 100), each at most ``--hold-seconds`` (``GATEWAY_HOLD_SECONDS``,
+default 120). Meanwhile the gateway asks for the deployment's wake in Redis and with the Celery
+task ``portal.deployments.tasks.wake_deployment``, sent to the broker at ``CELERY_BROKER_URL``
+(default: ``--redis-url``) on the queue ``CELERY_QUEUE`` (default ``celery``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from serving.gateway import keys, table
+from serving.gateway.activator import DEFAULT_HOLD_MAX, DEFAULT_HOLD_SECONDS
 from serving.gateway.supervisor import supervise
 from serving.limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
 
@@ -164,14 +172,24 @@ async def run(args: argparse.Namespace, ready: Callable[[], None] | None = None)
     """One gateway process; ``ready`` is called once it listens (the supervisor's signal)."""
     # Imported here, in the worker: prometheus_client must not be loaded before the supervisor
     # chose the metrics directory (serving.gateway.supervisor).
+    from serving.gateway.activator import Activator
     from serving.gateway.proxy import Gateway, make_app
     from serving.gateway.ratelimit import RateLimiter
 
     client = aioredis.Redis.from_url(args.redis_url)
+    activator = Activator(
+        prefix=args.prefix,
+        client=client,
+        broker_url=os.environ.get("CELERY_BROKER_URL") or args.redis_url,
+        queue=os.environ.get("CELERY_QUEUE") or "celery",
+        hold_max=args.hold_max,
+        hold_seconds=args.hold_seconds,
+    )
     gateway = Gateway(
         max_body_bytes=max_body_bytes(GATEWAY_MAX_BODY_ENV),
         limiter=RateLimiter(client),
         prefix=args.prefix,
+        activator=activator,
     )
     table_file = Path(args.table_file) if args.table_file else None
     raw = await start_document(
@@ -248,6 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         "--keys-file",
         default=os.environ.get("GATEWAY_KEYS_FILE") or None,
         help="where each process saves the caller keys it applied, to start from when Redis has none",
+    )
+    parser.add_argument(
+        "--hold-max",
+        type=int,
+        default=int(os.environ.get("GATEWAY_HOLD_MAX", str(DEFAULT_HOLD_MAX))),
+        help="requests held per route and process while its deployment, scaled to zero, starts; "
+        "one more is answered 503 at once",
+    )
+    parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=float(os.environ.get("GATEWAY_HOLD_SECONDS", str(DEFAULT_HOLD_SECONDS))),
+        help="the longest a request is held for a deployment scaled to zero before a 503",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(

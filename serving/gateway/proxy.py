@@ -11,6 +11,12 @@ model. Anything later (the backend closed the connection mid-request, a broken r
 502, never a second try: inference is not free to repeat, and a streamed answer may already be
 on its way to the caller. Requests already passed to a backend run to completion whatever the
 table becomes meanwhile; a backend that leaves the table only stops getting new ones.
+
+A route with no ready backend is answered 503 at once, unless its deployment is scaled to zero
+(the route names a deployment to ``wake``): the request is then held until a table gives the
+route a backend, and the deployment is asked to wake meanwhile (:mod:`serving.gateway.activator`);
+a request held too long, or one more than a route may have held, is answered 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, multiprocess
 
+from serving.gateway.activator import Activator, NotReleased
 from serving.gateway.keys import KeyTable, Refused, estimate_tokens, presented_key
 from serving.gateway.ratelimit import LimitsUnavailable, RateLimiter, buckets
 from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
@@ -49,6 +56,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 MAX_CONNECT_ATTEMPTS = 3
+#: What a request held for a deployment scaled to zero, and not released, is told to wait.
+WAKE_RETRY_AFTER_SECONDS = 10
 
 
 @dataclass
@@ -132,6 +141,20 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livemin",
         )
+        self.held = Gauge(
+            "gateway_held_requests",
+            "Requests held for a deployment scaled to zero, until it has a ready instance",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.activations = Counter(
+            "gateway_activations",
+            "Requests for a deployment scaled to zero, by how their hold ended: released (a "
+            "table gave the route an instance, or changed it), timed out, or refused at once "
+            "because the route had too many held",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         """This process's metrics, or, under the supervisor, those of every gateway process."""
@@ -150,6 +173,7 @@ class Gateway:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         limiter: RateLimiter | None = None,
         prefix: str = "gateway",
+        activator: Activator | None = None,
     ) -> None:
         #: Bodies over this are answered 413 and never forwarded.
         self.max_body_bytes = max_body_bytes
@@ -167,6 +191,11 @@ class Gateway:
         #: key prefix → time of its last accepted request, flushed the same way.
         self.keys_used: dict[str, float] = {}
         self.session: aiohttp.ClientSession | None = None
+        #: Holds the requests for a deployment scaled to zero (one that asks for no wake when
+        #: none is given: the tests' and a gateway's without Redis).
+        self.activator = activator or Activator(prefix=prefix)
+        self.activator.held_gauge = self.metrics.held
+        self.activator.activations = self.metrics.activations
 
     def apply(self, generation: int, entries: list[RouteEntry]) -> None:
         """Swap in a new table; a route that stays keeps its round-robin positions."""
@@ -180,6 +209,7 @@ class Gateway:
             )
         self.routes, self.generation = routes, generation
         self.metrics.generation.set(generation)
+        self.activator.changed()
 
     def apply_keys(self, keys: KeyTable) -> None:
         self.keys = keys
@@ -197,6 +227,7 @@ class Gateway:
         )
 
     async def stop(self, app: web.Application) -> None:
+        await self.activator.close()
         if self.session is not None:
             await self.session.close()
 
@@ -245,6 +276,22 @@ class Gateway:
                 kserve=kserve,
             )
         candidates = [(g, b) for g, b in state.candidates() if getattr(b, kind)]
+        if not candidates and state.entry.wake is not None:
+            # Scaled to zero: wait for an instance, then go on as any other request.
+            try:
+                found = await self.activator.hold(
+                    path,
+                    state.entry.wake,
+                    lambda: self._released(path, kind),
+                    lambda: request.transport is None or request.transport.is_closing(),
+                )
+            except NotReleased as stopped:
+                return self._not_released(path, stopped.outcome, kserve=kserve)
+            released, candidates = found
+            if released is None:
+                return self._error(
+                    path, 404, f"No model is served at /models/{path}/.", "not_found", kserve=kserve
+                )
         if not candidates:
             return self._error(
                 path, 503, f"no ready instance for route {path}", "unavailable", kserve=kserve
@@ -287,6 +334,41 @@ class Gateway:
             )
         finally:
             self.metrics.in_flight.dec()
+
+    def _released(
+        self, path: str, kind: str
+    ) -> tuple[RouteState | None, list[tuple[Group, Backend]]] | None:
+        """For a held request, on each new table: the route's candidates, once it has some;
+        (None, []) when the route left the table, (state, []) when it no longer names a
+        deployment to wake (the request is no longer held, and is answered as any other);
+        None: still waiting."""
+        state = self.routes.get(path)
+        if state is None:
+            return None, []
+        candidates = [(g, b) for g, b in state.candidates() if getattr(b, kind)]
+        if candidates or state.entry.wake is None:
+            return state, candidates
+        return None
+
+    def _not_released(self, path: str, outcome: str, *, kserve: bool) -> web.Response:
+        if outcome == "disconnected":  # nobody reads it: counted as nginx counts these
+            self.metrics.requests.labels(path, "499").inc()
+            return web.Response(status=499)
+        why = (
+            f"waited {self.activator.hold_seconds:g} s"
+            if outcome == "timed_out"
+            else "too many requests are already waiting for it"
+        )
+        response = self._error(
+            path,
+            503,
+            f"The model at /models/{path}/ is scaled to zero and starting ({why}); retry after "
+            f"{WAKE_RETRY_AFTER_SECONDS} s.",
+            "unavailable",
+            kserve=kserve,
+        )
+        response.headers["Retry-After"] = str(WAKE_RETRY_AFTER_SECONDS)
+        return response
 
     async def _forward(
         self,

@@ -8,8 +8,14 @@ instance left out of the table no longer gets new requests (:func:`applied_gener
 Keys under ``prefix`` (default ``gateway``):
 
 - ``{prefix}:routes``: JSON ``{"generation": g, "routes": [...]}``; ``{prefix}:generation``: g.
+  A route's ``wake`` is the id of its deployment when that deployment scales to zero: a
+  gateway holds a request for such a route while it has no ready backend, and asks for the
+  wake (:mod:`serving.gateway.activator`); absent or null, such a request is answered 503.
 - ``{prefix}:live:{gateway id}``: the generation that gateway applied; expires after 5 s.
 - ``{prefix}:last_request``: hash of route path → Unix time of its last request.
+- ``{prefix}:wake``: hash of deployment id → Unix time a gateway last asked for its wake
+  (the portal's periodic task reads and clears it); ``{prefix}:wake:sent:{id}``: set for 5 s
+  by the gateway process that sent the wake task, so the others do not send it again.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class RouteEntry:
 
     path: str
     groups: list[Group] = field(default_factory=list)
+    #: The deployment to wake when the route has no ready backend (it is scaled to zero);
+    #: None: the route is not, and such a request is answered 503 at once.
+    wake: int | None = None
 
 
 def publish(client: redis.Redis, routes: list[RouteEntry], prefix: str = "gateway") -> int:
@@ -94,7 +103,10 @@ def _route(item: dict[str, Any]) -> RouteEntry:
             for b in group["backends"]
         ]
         groups.append(Group(str(group["label"]), weight, backends))
-    return RouteEntry(path, groups)
+    wake = item.get("wake")  # absent from the tables published before scale to zero
+    if wake is not None and (not isinstance(wake, int) or isinstance(wake, bool)):
+        raise TableError(f"bad wake {wake!r} on route {path}")
+    return RouteEntry(path, groups, wake)
 
 
 def save_copy(path: Path, raw: bytes | str) -> None:
