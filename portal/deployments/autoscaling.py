@@ -132,6 +132,9 @@ class ScalingState:
 
     #: ``[unix time, recommended count]``, oldest first, kept for the longer window.
     recommendations: tuple[tuple[float, int], ...] = ()
+    #: Since when recommendations have been recorded: a down window not yet covered counts the
+    #: time before as recommending the count that ran then (no scale-down on a first look).
+    recording_since: float | None = None
     #: Set while scaled to zero: when it went to sleep.
     asleep_since: float | None = None
     #: Set by a wake until the first instance is ready (then a cold start is measured).
@@ -144,6 +147,7 @@ class ScalingState:
     def to_json(self) -> dict[str, Any]:
         return {
             "recommendations": [list(r) for r in self.recommendations],
+            "recording_since": self.recording_since,
             "asleep_since": self.asleep_since,
             "woken_at": self.woken_at,
             "cold_start_seconds": self.cold_start_seconds,
@@ -155,6 +159,7 @@ class ScalingState:
         data = data or {}
         return cls(
             recommendations=tuple((float(t), int(n)) for t, n in data.get("recommendations", [])),
+            recording_since=data.get("recording_since"),
             asleep_since=data.get("asleep_since"),
             woken_at=data.get("woken_at"),
             cold_start_seconds=data.get("cold_start_seconds"),
@@ -217,14 +222,17 @@ def decide(
         return wanted, _remember(state, decision), decision
     horizon = now - max(policy.up_window_seconds, policy.down_window_seconds)
     kept = (*(r for r in state.recommendations if r[0] > horizon), (now, recommended))
+    since = now if state.recording_since is None else state.recording_since
     up = min(n for t, n in kept if t >= now - policy.up_window_seconds)
     down = max(n for t, n in kept if t >= now - policy.down_window_seconds)
+    if since > now - policy.down_window_seconds:
+        down = max(down, current)  # the window reaches back before the first look
     wanted = policy.clamp(current)
     if wanted < up:
         wanted = up
     if wanted > down:
         wanted = down
-    state = state.but(recommendations=kept)
+    state = state.but(recommendations=kept, recording_since=since)
     if wanted == current:
         return current, state, None
     mean = observed(policy, loads) or 0.0

@@ -340,7 +340,9 @@ def _maybe_sleep(deployment: Deployment, view: View) -> bool:
     )
     _update(
         deployment,
-        scaling=deployment.scaling.but(asleep_since=time.time(), recommendations=()),
+        scaling=deployment.scaling.but(
+            asleep_since=time.time(), recommendations=(), recording_since=None
+        ),
         status_message=message,
     )
     record_event(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from portal.deployments.autoscaling import InstanceLoad
 from portal.deployments.launchers.base import (
     LOG_CHUNK_LINES,
     LOG_DEFAULT_TAIL,
@@ -38,11 +39,15 @@ class MemoryLauncher(Launcher):
     requests: ClassVar[dict[str, float]] = {}
     #: instance name → its log lines; the cursor is the number of lines read.
     logs: ClassVar[dict[str, list[str]]] = {}
+    #: Whether instances list a ``metrics`` endpoint (``memory://<name>``), whose load
+    #: :meth:`load_of` answers from ``loads`` (version number → each instance's load).
+    with_metrics: ClassVar[bool] = False
+    loads: ClassVar[dict[int, InstanceLoad]] = {}
 
     @classmethod
     def reset(cls) -> None:
         cls.table, cls.routes, cls.stop_calls, cls.by_set, cls.requests = {}, [], [], {}, {}
-        cls.logs = {}
+        cls.logs, cls.loads, cls.with_metrics = {}, {}, False
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
 
@@ -64,7 +69,12 @@ class MemoryLauncher(Launcher):
 
     def observe(self, version_set: VersionSet) -> list[ObservedInstance]:
         return [
-            ObservedInstance(name, self.table[name][2], {}, self.table[name][3])
+            ObservedInstance(
+                name,
+                self.table[name][2],
+                {"metrics": f"memory://{name}"} if self.with_metrics else {},
+                self.table[name][3],
+            )
             for name in self.by_set.get(version_set.key, [])
             if name in self.table
         ]
@@ -129,3 +139,9 @@ class MemoryLauncher(Launcher):
         """The only route's shares: ``{"v1": (weight, ready instances)}``."""
         [route] = cls.routes
         return {f"v{s.version_set.version}": (s.weight, len(s.instances)) for s in route.shares}
+
+    @classmethod
+    def load_of(cls, metrics_url: str) -> InstanceLoad | None:
+        """What an instance's ``/metrics`` would say now (None: it does not answer)."""
+        entry = cls.table.get(metrics_url.removeprefix("memory://"))
+        return None if entry is None else cls.loads.get(entry[1])
