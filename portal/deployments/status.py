@@ -296,6 +296,10 @@ class _Describer:
     def serving(self) -> tuple[str, str]:
         d, t = self.d, self.target
         ready = self.ready(t)
+        if d.scaling.asleep:
+            return f"Scaled to zero: v{t} starts on the next request", ""
+        if d.scaling.woken_at is not None and not ready:
+            return f"Waking: starting v{t} for a request held at the gateway", ""
         short = f" ({ready} of {d.replicas} instances ready)" if ready < d.replicas else ""
         if d.strategy == Strategy.VERSIONED:
             return f"Versioned v{t}: serving{short}", ""
@@ -324,6 +328,10 @@ class _Describer:
             return "warn", "waiting"
         if state == D.PROGRESSING:
             return "warn", f"rolling out, {ready} ready" if ready else "rolling out"
+        if d.scaling.asleep:
+            return "idle", "scaled to zero"
+        if d.scaling.woken_at is not None and not ready:
+            return "warn", "waking"
         if not ready:
             return "bad", "no ready instance"
         if ready < d.replicas:

@@ -19,6 +19,7 @@ from portal.deployments.autoscaling import InstanceLoad
 from portal.deployments.launchers.base import Health
 from portal.deployments.models import Deployment
 from portal.deployments.routing import route_path
+from portal.deployments.status import describe
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import USER, ready_version, run_until, step
 from tests.factories import make_model
@@ -190,6 +191,12 @@ def test_an_idle_deployment_sleeps_and_a_wake_brings_one_instance_back(versions,
     step(deployment)
     assert deployment.scaling.asleep
     assert deployment.status_message.startswith("Scaled to zero: no request for 2 min")
+    asleep = describe(deployment, deployment.instances.all())
+    assert (asleep.headline, asleep.level, asleep.badge) == (
+        "Scaled to zero: v1 starts on the next request",
+        "idle",
+        "scaled to zero",
+    )
     step(deployment)
     assert M.count(1, Health.DRAINING) == 2
     [route] = M.routes
@@ -201,6 +208,11 @@ def test_an_idle_deployment_sleeps_and_a_wake_brings_one_instance_back(versions,
     assert not activation.wake(deployment.pk)  # already awake: nothing to do
     step(deployment)
     assert M.count(1, Health.STARTING) == 1 and deployment.replicas == 1  # min_replicas
+    waking = describe(deployment, deployment.instances.all())
+    assert (waking.headline, waking.badge) == (
+        "Waking: starting v1 for a request held at the gateway",
+        "waking",
+    )
     M.set_health(1, Health.READY)
     step(deployment)
     assert deployment.scaling.cold_start_seconds is not None
