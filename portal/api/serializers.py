@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
@@ -11,6 +12,7 @@ from rest_framework import serializers
 from portal.accounts.models import CallerKey, Team
 from portal.cache.models import Materialization
 from portal.deployments import costs, limits
+from portal.deployments.autoscaling import ScaleMetric, ScalingPolicy
 from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
@@ -19,6 +21,7 @@ from portal.deployments.models import (
     Strategy,
 )
 from portal.deployments.routing import call_endpoints, endpoint_url
+from portal.deployments.scaling_policy import POLICY_SETTINGS
 from portal.deployments.status import DeploymentStatus, describe
 from portal.metrics.services import RANGES as METRIC_RANGES
 from portal.registry.models import (
@@ -267,6 +270,100 @@ class DeploymentStatusOut(serializers.Serializer):
     )
 
 
+#: What each scaling policy setting means, for the input fields and the representation.
+POLICY_HELP = {
+    "min_replicas": "The fewest instances the autoscaler runs (replicas alone sets "
+    "min = max = replicas: a fixed count).",
+    "max_replicas": "The most instances the autoscaler runs; greater than min_replicas to "
+    "autoscale, equal for a fixed count. Quotas count it.",
+    "scale_metric": "The signal the target is per instance of: "
+    + "; ".join(f"{value}: {label}" for value, label in ScaleMetric.choices)
+    + ".",
+    "scale_target": "The signal's target per instance (requests, or the KV-cache fraction "
+    "of at most 1). Omitted with a new scale_metric: that signal's default.",
+    "scale_up_window_seconds": "Scale up to the lowest count recommended over this window.",
+    "scale_down_window_seconds": "Scale down to the highest count recommended over this window.",
+    "scale_to_zero_after_seconds": "Stop every instance after this long without a request "
+    "(the gateway holds the next one and wakes the deployment); null: never. Not for a "
+    "version served over gRPC only.",
+}
+
+
+class ScalingDecisionOut(serializers.Serializer):
+    """One decision of the autoscaler that changed the replica count."""
+
+    at = serializers.DateTimeField()
+    # "from" and "to" are Python keywords: declared as from_/to_ and renamed in get_fields.
+    from_ = serializers.IntegerField(help_text="The replica count before.")
+    to_ = serializers.IntegerField(help_text="The replica count after.")
+    reason = serializers.CharField(help_text="The rule's numbers in words.")
+    metric = serializers.CharField(
+        help_text=f"The signal it read: one of {', '.join(ScaleMetric.values)}."
+    )
+    observed = serializers.FloatField(
+        help_text="The signal's mean over the instances that answered (0 when none did)."
+    )
+    target = serializers.FloatField(help_text="The policy's target for the signal.")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        renamed = {"from_": "from", "to_": "to"}
+        return {renamed.get(name, name): field for name, field in super().get_fields().items()}
+
+
+class ScalingOut(serializers.Serializer):
+    """What the autoscaler did and does: read-only, the controller writes it."""
+
+    autoscales = serializers.BooleanField(
+        help_text="Whether load changes the count (min_replicas < max_replicas); a fixed count "
+        "otherwise."
+    )
+    asleep = serializers.BooleanField(
+        help_text="Scaled to zero: the gateway holds the next request and wakes it."
+    )
+    asleep_since = serializers.DateTimeField(
+        allow_null=True, help_text="When it scaled to zero; null while awake."
+    )
+    cold_start_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="The last wake's seconds from the wake to the first instance ready; null "
+        "before any.",
+    )
+    decisions = ScalingDecisionOut(
+        many=True, help_text="The latest decisions that changed the count, newest first."
+    )
+
+
+def _instant(unix: float | None) -> datetime | None:
+    return None if unix is None else datetime.fromtimestamp(unix, tz=UTC)
+
+
+def scaling_out(deployment: Deployment) -> dict[str, Any]:
+    """``ScalingOut`` of ``deployment``: its policy's kind and its stored scaling state."""
+    state = deployment.scaling
+    return dict(
+        ScalingOut(
+            {
+                "autoscales": ScalingPolicy.of(deployment).autoscales,
+                "asleep": state.asleep,
+                "asleep_since": _instant(state.asleep_since),
+                "cold_start_seconds": state.cold_start_seconds,
+                "decisions": [
+                    {
+                        "at": _instant(d.at),
+                        "from": d.replicas_from,
+                        "to": d.replicas_to,
+                        "reason": d.reason,
+                        "metric": d.metric,
+                        "observed": d.observed,
+                        "target": d.target,
+                    }
+                    for d in reversed(state.decisions)
+                ],
+            }
+        ).data
+    )
+
+
 class DeploymentOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     target_version = serializers.IntegerField(source="target_version.number", read_only=True)
@@ -302,6 +399,10 @@ class DeploymentOut(serializers.ModelSerializer):
         "without a stage. Same as ``status.stage_percent``."
     )
     instances = serializers.SerializerMethodField()
+    scaling = serializers.SerializerMethodField(
+        help_text="The autoscaler's side: whether it autoscales, whether it is scaled to zero "
+        "(since when), the last cold start, and the last decisions that changed ``replicas``."
+    )
     estimated_cost_per_hour = serializers.SerializerMethodField(
         help_text="USD per hour for the instances it runs now (its replicas, more during a "
         "rollout; 0 once retired), from its instance type's price; null when the type has "
@@ -312,12 +413,15 @@ class DeploymentOut(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "model", "team", "strategy", "target_version", "target_version_id",
-            "previous_version", "replicas", "instance_type", "stages", "bake_seconds",
+            "previous_version", "replicas", "min_replicas", "max_replicas", "scale_metric",
+            "scale_target", "scale_up_window_seconds", "scale_down_window_seconds",
+            "scale_to_zero_after_seconds", "scaling", "instance_type", "stages", "bake_seconds",
             "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
             "stage_percent", "traffic", "status", "status_message", "endpoint", "call", "instances",
             "estimated_cost_per_hour", "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
+        extra_kwargs = {name: {"help_text": text} for name, text in POLICY_HELP.items()}
 
     def get_endpoint(self, deployment: Deployment) -> str:
         return endpoint_url(deployment)
@@ -343,6 +447,10 @@ class DeploymentOut(serializers.ModelSerializer):
 
     def get_stage_percent(self, deployment: Deployment) -> int | None:
         return self._status(deployment).stage_percent
+
+    @extend_schema_field(ScalingOut)
+    def get_scaling(self, deployment: Deployment) -> dict[str, Any]:
+        return scaling_out(deployment)
 
     @extend_schema_field(serializers.DecimalField(max_digits=16, decimal_places=4, allow_null=True))
     def get_estimated_cost_per_hour(self, deployment: Deployment) -> str | None:
@@ -502,9 +610,49 @@ def _setting_field(name: str, **kwargs: Any) -> serializers.Field:
 
 
 _KEEPS = " Omitted when rolling the model's live Red-Black deployment: it keeps its own."
+_POLICY_KEEPS = " Omitted: the deployment keeps its own (the default for a new one)."
 
 
-class DeploymentCreateIn(StrictInput):
+class ScalingPolicyIn(StrictInput):
+    """The scaling policy's settings (:mod:`portal.deployments.scaling_policy`): only those a
+    request contains are passed to the services; ``scale_to_zero_after_seconds: null`` turns
+    scale to zero off."""
+
+    min_replicas = _setting_field(
+        "min_replicas", help_text=POLICY_HELP["min_replicas"] + _POLICY_KEEPS
+    )
+    max_replicas = _setting_field(
+        "max_replicas", help_text=POLICY_HELP["max_replicas"] + _POLICY_KEEPS
+    )
+    scale_metric = serializers.ChoiceField(
+        choices=ScaleMetric.choices,
+        required=False,
+        help_text=POLICY_HELP["scale_metric"] + _POLICY_KEEPS,
+    )
+    scale_target = _setting_field("scale_target", help_text=POLICY_HELP["scale_target"])
+    scale_up_window_seconds = _setting_field(
+        "scale_up_window_seconds",
+        help_text=f"{POLICY_HELP['scale_up_window_seconds']} Default "
+        f"{limits.SCALE_UP_WINDOW_SECONDS.default}.{_POLICY_KEEPS}",
+    )
+    scale_down_window_seconds = _setting_field(
+        "scale_down_window_seconds",
+        help_text=f"{POLICY_HELP['scale_down_window_seconds']} Default "
+        f"{limits.SCALE_DOWN_WINDOW_SECONDS.default}.{_POLICY_KEEPS}",
+    )
+    scale_to_zero_after_seconds = _setting_field(
+        "scale_to_zero_after_seconds",
+        allow_null=True,
+        help_text=POLICY_HELP["scale_to_zero_after_seconds"] + _POLICY_KEEPS,
+    )
+
+    @staticmethod
+    def policy_given(data: dict[str, Any]) -> dict[str, Any]:
+        """The policy settings the request contained, as the services take them."""
+        return {name: data[name] for name in POLICY_SETTINGS if name in data}
+
+
+class DeploymentCreateIn(ScalingPolicyIn):
     """Deploy a version. Red-Black onto a model whose Red-Black deployment is live rolls that
     deployment onto the version (answered 200, not 201): see ``deploy`` in the services."""
 
@@ -535,7 +683,7 @@ class DeploymentCreateIn(StrictInput):
     allow_io_change = serializers.BooleanField(default=False)
 
 
-class DeploymentUpdateIn(StrictInput):
+class DeploymentUpdateIn(ScalingPolicyIn):
     version = serializers.IntegerField(min_value=1, required=False)
     replicas = _setting_field("replicas")
     stages = _stages_field()

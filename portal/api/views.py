@@ -291,6 +291,7 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             health_deadline_seconds=data.get("health_deadline_seconds"),
             max_error_rate=data.get("max_error_rate"),
             allow_io_change=data["allow_io_change"],
+            scaling=s.ScalingPolicyIn.policy_given(data),
         )
         return self.answer(
             s.DeploymentOut,
@@ -330,6 +331,7 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             version=version,
             replicas=data.get("replicas"),
             allow_io_change=data.get("allow_io_change", False),
+            scaling=s.ScalingPolicyIn.policy_given(data),
             **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS if k in data},
         )
         return self.answer(s.DeploymentOut, deployment)

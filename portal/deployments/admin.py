@@ -1,5 +1,8 @@
+from datetime import UTC, datetime
+
 from django import forms
 from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
 
 from portal.accounts.models import CallerKey
 from portal.core.actors import Actor
@@ -13,7 +16,7 @@ from portal.deployments.caller_keys import (
 )
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
-from portal.deployments.services import act
+from portal.deployments.services import act, policy_words
 from portal.deployments.status import describe, traffic_text
 from portal.registry.models import Backend
 
@@ -78,10 +81,14 @@ class InstanceInline(admin.TabularInline):
         return False
 
 
+def _when(unix: float) -> str:
+    return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = [
-        "id", "model", "strategy", "target_version", "replicas", "instance_type",
+        "id", "model", "strategy", "target_version", "replicas", "policy", "instance_type",
         "desired_state", "observed_state", "status", "traffic_split", "updated_at",
     ]  # fmt: skip
     list_filter = ["strategy", "observed_state", "desired_state", "instance_type"]
@@ -91,7 +98,13 @@ class DeploymentAdmin(admin.ModelAdmin):
         "promote_requested", "observed_state", "status", "traffic_split", "status_message",
         "stages", "bake_seconds", "health_deadline_seconds", "max_error_rate",
         "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
+        # The scaling policy (changed only through the services, as the rest) and what the
+        # autoscaler did, in words instead of its stored JSON.
+        "replicas", "min_replicas", "max_replicas", "scale_metric", "scale_target",
+        "scale_up_window_seconds", "scale_down_window_seconds", "scale_to_zero_after_seconds",
+        "scaling_summary",
     ]  # fmt: skip
+    exclude = ["scaling"]
     inlines = [InstanceInline, EventInline]
     actions = [
         "request_pause", "request_resume", "request_promote", "request_abort", "request_rollback",
@@ -113,6 +126,35 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="traffic")
     def traffic_split(self, deployment: Deployment) -> str:
         return traffic_text(deployment.traffic, deployment.target_version.number)
+
+    @admin.display(description="scaling")
+    def policy(self, deployment: Deployment) -> str:
+        return policy_words(deployment)
+
+    @admin.display(description="scaling")
+    def scaling_summary(self, deployment: Deployment) -> str:
+        """The policy in words, sleep and the last cold start, and the last decisions."""
+        state = deployment.scaling
+        lines = [policy_words(deployment)]
+        if state.asleep_since is not None:
+            lines.append(f"Scaled to zero since {_when(state.asleep_since)}.")
+        if state.cold_start_seconds is not None:
+            lines.append(f"Last cold start: {state.cold_start_seconds:.1f} s.")
+        decisions = format_html_join(
+            "",
+            "<li>{}: {} → {} ({})</li>",
+            (
+                (_when(d.at), d.replicas_from, d.replicas_to, d.reason)
+                for d in reversed(state.decisions)
+            ),
+        )
+        return format_html(
+            "{}{}",
+            format_html_join("", "<p>{}</p>", ((line,) for line in lines)),
+            format_html("<p>Last decisions, newest first:</p><ul>{}</ul>", decisions)
+            if state.decisions
+            else format_html("<p>{}</p>", "No scaling decision yet."),
+        )
 
     def has_add_permission(self, request) -> bool:
         return False

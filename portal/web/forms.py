@@ -14,7 +14,9 @@ from django.core.exceptions import ValidationError
 from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
 from portal.deployments import costs, limits
+from portal.deployments.autoscaling import ScaleMetric
 from portal.deployments.models import InstanceType, Strategy
+from portal.deployments.scaling_policy import DEFAULT_TARGETS, POLICY_SETTINGS
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -212,6 +214,16 @@ class InstanceTypeSelect(forms.Select):
         return option
 
 
+def _bounded(name: str, **kwargs: Any) -> forms.Field:
+    """An optional scaling setting's field with its bounds from :mod:`portal.deployments.limits`."""
+    bounds = limits.BOUNDS[name]
+    if isinstance(bounds, limits.IntBounds):
+        return forms.IntegerField(
+            min_value=bounds.min, max_value=bounds.max, required=False, **kwargs
+        )
+    return forms.FloatField(min_value=bounds.min, max_value=bounds.max, required=False, **kwargs)
+
+
 class DeployForm(forms.Form):
     version = forms.ModelChoiceField(queryset=ModelVersion.objects.none(), empty_label=None)
     strategy = forms.ChoiceField(
@@ -221,6 +233,8 @@ class DeployForm(forms.Form):
         min_value=limits.REPLICAS.min,
         max_value=limits.REPLICAS.max,
         initial=limits.REPLICAS.default,
+        required=False,  # required for a fixed count (clean); autoscaling owns the count
+        help_text="A fixed count (unless Autoscale is on, under Scaling).",
     )
     instance_type = forms.ModelChoiceField(
         queryset=InstanceType.objects.filter(is_active=True),
@@ -255,6 +269,56 @@ class DeployForm(forms.Form):
         label="Roll out Red-Black even though the interface changed",
         help_text="Only if every caller copes with both the old and the new interface.",
     )
+    autoscale = forms.BooleanField(
+        required=False,
+        label="Autoscale",
+        help_text="Let the load change the count between a minimum and a maximum, instead of "
+        "the fixed replicas.",
+    )
+    min_replicas = _bounded(
+        "min_replicas",
+        label="Minimum instances",
+        initial=limits.MIN_REPLICAS.default,
+    )
+    max_replicas = _bounded(
+        "max_replicas",
+        label="Maximum instances",
+        help_text="Quotas count the maximum.",
+    )
+    scale_metric = forms.ChoiceField(
+        choices=ScaleMetric.choices,
+        initial=ScaleMetric.IN_FLIGHT,
+        required=False,
+        label="Signal",
+    )
+    scale_target = _bounded(
+        "scale_target",
+        label="Target per instance",
+        help_text="Blank: the signal's default ("
+        + ", ".join(f"{value} {target:g}" for value, target in DEFAULT_TARGETS.items())
+        + "). KV-cache usage is a fraction, at most 1.",
+    )
+    scale_up_window_seconds = _bounded(
+        "scale_up_window_seconds",
+        label="Scale-up window (s)",
+        initial=limits.SCALE_UP_WINDOW_SECONDS.default,
+        help_text="Scales up to the lowest count asked for over this window.",
+    )
+    scale_down_window_seconds = _bounded(
+        "scale_down_window_seconds",
+        label="Scale-down window (s)",
+        initial=limits.SCALE_DOWN_WINDOW_SECONDS.default,
+        help_text="Scales down to the highest count asked for over this window.",
+    )
+    scale_to_zero_after_seconds = _bounded(
+        "scale_to_zero_after_seconds",
+        label="Scale to zero after (s)",
+        help_text="Stop every instance after this long without a request (the gateway holds "
+        "the next one and wakes it). Blank: never.",
+    )
+
+    #: The fields Autoscale reveals: ignored (and their errors dropped) when it is off.
+    AUTOSCALE_FIELDS = POLICY_SETTINGS
 
     def __init__(
         self, *args: Any, model: Any, instance_types: list[InstanceType], **kwargs: Any
@@ -275,6 +339,44 @@ class DeployForm(forms.Form):
 
     def clean_stages(self) -> list[int]:
         return _parse_stages(self.cleaned_data["stages"])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("autoscale"):
+            for name in ("min_replicas", "max_replicas"):
+                if data.get(name) is None and name not in self.errors:
+                    self.add_error(name, "Required to autoscale.")
+        else:
+            # Hidden while Autoscale is off: what they hold is not used, nor judged.
+            for name in self.AUTOSCALE_FIELDS:
+                self.errors.pop(name, None)
+                data.pop(name, None)
+            if data.get("replicas") is None and "replicas" not in self.errors:
+                self.add_error("replicas", "This field is required.")
+        return data
+
+    @property
+    def scaling_open(self) -> bool:
+        """Whether the Scaling section shows open: autoscaling, or an error to see there."""
+        on = self["autoscale"].value()
+        return bool(on) or any(self[name].errors for name in self.AUTOSCALE_FIELDS)
+
+    def service_fields(self) -> dict[str, Any]:
+        """What :func:`~portal.deployments.services.deploy` takes, from the cleaned form: a
+        fixed count is ``replicas`` (and no scale to zero); with Autoscale, the policy (blank
+        settings not given, a blank scale to zero off) and no ``replicas``: a new deployment
+        starts at the minimum, a live one keeps its count within the new bounds."""
+        data = dict(self.cleaned_data)
+        autoscale = data.pop("autoscale", False)
+        given = {name: data.pop(name, None) for name in POLICY_SETTINGS}
+        if not autoscale:
+            return {**data, "scaling": {"scale_to_zero_after_seconds": None}}
+        scaling = {
+            name: value
+            for name, value in given.items()
+            if value not in (None, "") or name == "scale_to_zero_after_seconds"
+        }
+        return {**data, "replicas": None, "scaling": scaling}
 
     def cost_estimate(self) -> str:
         """The estimate under the replicas for the type and count the form shows now (posted,

@@ -24,6 +24,7 @@ from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment
 from portal.deployments.routing import endpoint_url
+from portal.deployments.scaling_policy import POLICY_SETTINGS
 from portal.deployments.status import describe
 from portal.metrics import services as metrics
 from portal.registry import services as registry_services
@@ -66,6 +67,10 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             bake_seconds=serving.bake_seconds,
             health_deadline_seconds=serving.health_deadline_seconds,
             max_error_rate=serving.max_error_rate,
+            # Its scaling policy, as it is: posted back unchanged, it stays as it is.
+            autoscale=serving.min_replicas < serving.max_replicas
+            or serving.scale_to_zero_after_seconds is not None,
+            **{name: getattr(serving, name) for name in POLICY_SETTINGS},
         )
     # The version the link names, and nothing else: one that cannot deploy is explained, never
     # swapped for another (the form then asks which to deploy). One still being copied or
@@ -135,7 +140,7 @@ def _deploy(request, model, form: DeployForm) -> Deployment | None:
     this creates a deployment or rolls the live Red-Black one); a refusal goes on the form."""
     try:
         deployed = deployment_services.deploy(
-            model=model, actor=Actor.for_request(request.user), **form.cleaned_data
+            model=model, actor=Actor.for_request(request.user), **form.service_fields()
         )
     except (ValidationError, ApplicationError) as exc:
         show_service_errors(form, exc)
