@@ -807,6 +807,16 @@ class MetricPointOut(serializers.Serializer):
     prefix_cache_hit_rate = serializers.FloatField(allow_null=True)
     sources_up = serializers.IntegerField()
     sources_down = serializers.IntegerField()
+    ready_instances = serializers.FloatField(
+        allow_null=True,
+        help_text="Instances ready (a bin's mean); per version, that version's. Null on points "
+        "from before replica counts were kept.",
+    )
+    wanted_replicas = serializers.FloatField(
+        allow_null=True,
+        help_text="Replicas the deployment wanted, 0 while scaled to zero (a bin's mean); null "
+        "per version.",
+    )
 
 
 class MetricSourceOut(serializers.Serializer):

@@ -56,6 +56,10 @@ class MetricPoint(models.Model):
     prefix_cache_hit_rate = models.FloatField(null=True, blank=True)
     sources_up = models.PositiveIntegerField(default=0)
     sources_down = models.PositiveIntegerField(default=0)
+    #: The deployment's instances ready at the pass, and the replicas it wanted then (its
+    #: ``replicas``; 0 while scaled to zero). None on points written before they were kept.
+    ready_instances = models.PositiveIntegerField(null=True, blank=True)
+    wanted_replicas = models.PositiveIntegerField(null=True, blank=True)
     #: The interval's new observations per bucket (cumulative by bound, ``"+Inf"`` included),
     #: summed over the deployment's instances.
     ttft_buckets = models.JSONField(default=dict, blank=True)

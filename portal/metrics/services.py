@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from portal.deployments.models import (
@@ -55,8 +56,17 @@ QUANTILES = {
     "e2e_p50": ("e2e", 0.5),
     "e2e_p99": ("e2e", 0.99),
 }
+#: How many instances were ready and how many the deployment wanted (0 asleep), per pass:
+#: merged, they add up over deployments (a model's total) and average over a bin's passes.
+REPLICA_FIELDS = ("ready_instances", "wanted_replicas")
 #: Every value a point (and a merged series entry) carries besides ``at``.
-VALUE_FIELDS = (*RATE_FIELDS, *QUANTILES, "kv_cache_usage", "prefix_cache_hit_rate")
+VALUE_FIELDS = (
+    *RATE_FIELDS,
+    *QUANTILES,
+    "kv_cache_usage",
+    "prefix_cache_hit_rate",
+    *REPLICA_FIELDS,
+)
 COUNT_FIELDS = ("sources_up", "sources_down")
 
 
@@ -94,6 +104,13 @@ CHARTS: tuple[Chart, ...] = (
         "Requests",
         "req/s",
         (("requests_per_s", "requests"), ("errors_per_s", "errors")),
+    ),
+    # Next to the load: the instances ready, and the count the autoscaler wanted (0 asleep).
+    Chart(
+        "replicas",
+        "Replicas",
+        "instances",
+        (("ready_instances", "ready"), ("wanted_replicas", "wanted")),
     ),
     Chart(
         "ttft",
@@ -168,6 +185,10 @@ class _Interval:
     usages: list[float] = field(default_factory=list)
     queries: float = 0.0
     hits: float = 0.0
+    #: Instances ready at the pass (whether or not their ``/metrics`` answered), and the
+    #: replicas wanted: None where not known (a version has no count of its own).
+    ready: int | None = None
+    wanted: int | None = None
     #: The same, per model version number (only on a deployment's interval, not nested).
     versions: dict[int, _Interval] = field(default_factory=dict)
 
@@ -206,6 +227,7 @@ class _Interval:
             values["prefix_cache_hit_rate"] = self.hits / self.queries if self.queries > 0 else None
         if self.usages:
             values["kv_cache_usage"] = sum(self.usages) / len(self.usages)
+        values.update(ready_instances=self.ready, wanted_replicas=self.wanted)
         values.update(
             sources_up=self.up,
             sources_down=self.down,
@@ -232,6 +254,35 @@ def _targets() -> list[tuple[Instance, str]]:
         .order_by("pk")
     )
     return [(i, url) for i in instances if (url := (i.endpoints or {}).get("metrics"))]
+
+
+def _count_replicas(intervals: dict[int, _Interval]) -> None:
+    """Give each live deployment's interval its ready instances (also per version) and wanted
+    replicas; a deployment asleep, or waking with nothing to scrape yet, gets an interval too,
+    so its chart shows the 0 rather than a gap."""
+    ready: dict[int, dict[int, int]] = defaultdict(dict)
+    rows = (
+        Instance.objects.filter(
+            deployment__observed_state__in=LIVE_STATES, state=InstanceState.READY
+        )
+        .values("deployment_id", "version__number")
+        .annotate(n=Count("pk"))
+    )
+    for row in rows:
+        ready[row["deployment_id"]][row["version__number"]] = row["n"]
+    live = Deployment.objects.filter(observed_state__in=LIVE_STATES).only(
+        "pk", "replicas", "scaling"
+    )
+    for deployment in live:
+        state = deployment.scaling
+        if deployment.pk not in intervals and not (state.asleep or state.woken_at is not None):
+            continue
+        interval = intervals[deployment.pk]
+        interval.wanted = 0 if state.asleep else deployment.replicas
+        by_version = ready.get(deployment.pk, {})
+        interval.ready = sum(by_version.values())
+        for number, version in interval.versions.items():
+            version.ready = by_version.get(number, 0)
 
 
 def _source_of(instance: Instance) -> MetricSource | None:
@@ -281,6 +332,7 @@ def scrape_live_instances(now: datetime | None = None) -> ScrapeReport:
                 source.up, source.error, source.last_ok_at = True, "", at
                 source.snapshot, source.snapshot_at = reading.to_json(), at
             source.save()
+        _count_replicas(intervals)
         points = [interval.point(d, at) for d, interval in sorted(intervals.items())]
         MetricPoint.objects.bulk_create(points)
         pruned, sources_pruned = _prune(at)
@@ -333,6 +385,9 @@ def _merge(at: datetime, entries: Sequence[dict[str, Any]], passes: int = 1) -> 
     merged["prefix_cache_hit_rate"] = _weighted_hit_rate(entries)
     for name in COUNT_FIELDS:
         merged[name] = round(sum(e.get(name) or 0 for e in entries) / passes)
+    for name in REPLICA_FIELDS:
+        counts = [e[name] for e in entries if e.get(name) is not None]
+        merged[name] = sum(counts) / passes if counts else None
     return merged
 
 

@@ -13,6 +13,7 @@ from portal.metrics import buckets as bk
 from portal.metrics.models import MetricPoint, MetricSource
 from portal.metrics.services import (
     CHARTS,
+    REPLICA_FIELDS,
     VALUE_FIELDS,
     scrape_live_instances,
     series,
@@ -53,7 +54,9 @@ def test_two_deployments_merge_per_pass(deployment, second_deployment):
     merged = series([deployment, second_deployment], since=start - timedelta(seconds=1))
     assert [entry["at"] for entry in merged] == [start, start + timedelta(seconds=10)]
     first, last = merged
-    assert all(first[name] is None for name in VALUE_FIELDS if name != "kv_cache_usage")
+    counted = ("kv_cache_usage", *REPLICA_FIELDS)  # readings of the moment, not of an interval
+    assert all(first[name] is None for name in VALUE_FIELDS if name not in counted)
+    assert (first["ready_instances"], last["wanted_replicas"]) == (2, 2)
     assert (last["sources_up"], last["sources_down"]) == (2, 0)
     assert last["requests_per_s"] == pytest.approx((11 + 30) / 10)
     assert last["errors_per_s"] == pytest.approx(1 / 10)
@@ -101,6 +104,7 @@ def test_every_chart_plots_fields_a_point_has():
     assert [chart.key for chart in CHARTS] == [
         "tokens",
         "requests",
+        "replicas",
         "ttft",
         "e2e",
         "kv_cache",

@@ -34,6 +34,7 @@ from portal.registry.packaging import triton_model_name
 from portal.web import summaries
 from portal.web.forms import DeployForm, show_service_errors
 from portal.web.playground import playground_context
+from portal.web.scaling import scaling_context
 from portal.web.snippets import call_context
 from portal.web.teams import TeamContext, team_context
 from portal.web.timeline import group_by_rollout
@@ -182,6 +183,8 @@ def _live_context(deployment: Deployment, seen: int | None, seen_state: str | No
         "status": describe(deployment, instances),
         "actions": actions,
         "action_names": [name for name, _ in actions],
+        # The scaling panel (policy, count, sleep and wake, last decisions): portal.web.scaling.
+        **scaling_context(deployment, instances),
     }
 
 

@@ -15,6 +15,7 @@
   var KIND_COLOURS = { deploy: "#2b8a3e", stage: "#7048e8", rollback: "#c92a2a" };
   var LINE_COLOURS = ["#0b5cad", "#d9480f", "#0ca678", "#ae3ec9", "#f08c00", "#495057"];
   var DASHES = [[], [6, 4], [2, 3]];
+  var TOTAL_COLOUR = "#495057"; // a line drawn once from the totals beside per-version ones
   var HEIGHT = 170;
 
   function number(value) {
@@ -48,17 +49,31 @@
     return v == null ? "no sample" : number(v) + " " + unitName;
   }
 
-  /* The x values (one per scrape pass) and, per line, its y values aligned to them. */
+  /* Whether any of the groups' points has a value for `field`. */
+  function carried(groups, field) {
+    return groups.some(function (group) {
+      return group.points.some(function (p) { return p[field] != null; });
+    });
+  }
+
+  /* The x values (one per scrape pass) and, per line, its y values aligned to them. A line no
+   * version carries on its own (the replicas the deployment wanted) is drawn once, from the
+   * totals, even while the others are split by version. */
   function columns(answer, chart) {
     var xs = answer.points.map(function (p) { return seconds(p.at); });
     var index = {};
     xs.forEach(function (x, i) { index[x] = i; });
     var split = answer.versions && answer.versions.length > 1;
-    var groups = split
+    var totals = [{ name: "", points: answer.points }];
+    var byVersion = split
       ? answer.versions.map(function (v) { return { name: "v" + v.version, points: v.points }; })
-      : [{ name: "", points: answer.points }];
+      : totals;
     var series = [];
     chart.lines.forEach(function (line, li) {
+      var groups = split && !carried(byVersion, line.field) && carried(totals, line.field)
+        ? totals
+        : byVersion;
+      var once = split && groups === totals;
       groups.forEach(function (group, gi) {
         var ys = xs.map(function () { return null; });
         group.points.forEach(function (p) {
@@ -68,8 +83,9 @@
         });
         series.push({
           label: group.name ? group.name + " " + line.label : line.label,
-          colour: LINE_COLOURS[(split ? gi : li) % LINE_COLOURS.length],
-          dash: split ? DASHES[li % DASHES.length] : [],
+          colour: once ? TOTAL_COLOUR : LINE_COLOURS[(split ? gi : li) % LINE_COLOURS.length],
+          // Counts often agree (ready = wanted): the second line dashed, so both show.
+          dash: split || chart.unit === "instances" ? DASHES[li % DASHES.length] : [],
           values: ys,
         });
       });
@@ -221,6 +237,11 @@
     var body = figure.querySelector(".chart-plot");
     body.innerHTML = "";
     var unitName = chart.unit;
+    // Counts (instances) change in steps: a slope between two passes would read 2.5.
+    var paths = window.uPlot.paths;
+    var stepped = chart.unit === "instances" && paths && paths.stepped
+      ? paths.stepped({ align: 1 })
+      : null;
     var options = {
       width: this.width(figure),
       height: HEIGHT,
@@ -240,7 +261,7 @@
       ],
       series: [{ label: "time", value: function (u, t) { return t == null ? "hover to read a moment" : new Date(t * 1000).toLocaleString(); } }].concat(
         data.series.map(function (s) {
-          return {
+          var line = {
             label: s.label,
             stroke: s.colour,
             width: 1.5,
@@ -249,6 +270,8 @@
             points: { show: false },
             value: function (u, v, si, idx) { return legendValue(u, v, si, idx, unitName); },
           };
+          if (stepped) line.paths = stepped;
+          return line;
         })
       ),
     };
