@@ -31,7 +31,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,8 +41,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.machine import free_port, machine_info  # noqa: E402
-from bench.rollout import call_bootstrap, configure, kill_instances, wait  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
+from bench.rollout import (  # noqa: E402
+    configure,
+    demo_versions,
+    start_platform,
+    stop_platform,
+    wait,
+)
 
 MODEL = "bench--chat"
 POLICY = {
@@ -162,44 +167,18 @@ def main(argv: list[str] | None = None) -> None:
 def run(tmp: Path, clients: int) -> dict[str, Any]:
     import httpx
 
-    from portal.accounts.models import Team
     from portal.core.actors import Actor
     from portal.deployments.caller_keys import issue_caller_key
     from portal.deployments.models import Deployment, InstanceType
     from portal.deployments.services import create_deployment
-    from portal.registry.models import PlatformRelease, VersionState
-    from portal.registry.services import create_model, register_version
-    from serving.demo_model import make_demo_model
 
     actor = Actor(label="bench")
-    port = free_port()
-    gateway = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "serving.gateway", "--port", str(port)),
-            *("--redis-url", os.environ["REDIS_URL"]),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    worker = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo"),
-            *("--loglevel", "WARNING", "--hostname", f"bench-{os.getpid()}@%h"),
-        ],
-        cwd=ROOT,
-    )
+    gateway, worker, port = start_platform()
     run_root = tmp / "instances"
     try:
-        assert gateway.stdout is not None and gateway.stdout.readline().startswith("GATEWAY READY")
-        team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
-        PlatformRelease.objects.filter(is_default=True).exists() or call_bootstrap()
-        instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
-        source = tmp / "artifacts" / "chat"
-        make_demo_model(source)
-        model = create_model(team=team, slug="chat", task="chat")
-        version = register_version(model=model, artifact_uri=f"file://{source}")
-        wait(lambda: version.refresh_from_db() or version.state == VersionState.READY, 180, "ready")
+        model, [version] = demo_versions(tmp, 1)
+        team = model.team
+        instance_type = InstanceType.objects.get(name="cpu-local")
         key = issue_caller_key(team=team, name="bench").plaintext
         deployment = create_deployment(
             model=model,
@@ -283,11 +262,7 @@ def run(tmp: Path, clients: int) -> dict[str, Any]:
         }
         return {"policy": POLICY, "clients": clients, "load_step": load, "cold_start": cold_start}
     finally:
-        worker.terminate()
-        worker.wait()
-        gateway.terminate()
-        gateway.wait()
-        kill_instances(run_root)
+        stop_platform(gateway, worker, run_root)
 
 
 def markdown(result: dict[str, Any]) -> str:

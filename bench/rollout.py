@@ -64,8 +64,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Callers:
-    def __init__(self, url: str, model: str, clients: int) -> None:
-        self.url, self.model, self.clients = url, model, clients
+    def __init__(self, url: str, model: str, clients: int, key: str) -> None:
+        self.url, self.model, self.clients, self.key = url, model, clients, key
         self.rows: list[tuple[float, float, int]] = []  # (start, seconds, status)
         self.stop = threading.Event()
 
@@ -73,7 +73,7 @@ class Callers:
         import httpx
 
         body = {"model": self.model, "prompt": "Hello", "max_tokens": 3}
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {self.key}"}) as client:
             while not self.stop.is_set():
                 start = time.time()
                 try:
@@ -146,47 +146,17 @@ def main(argv: list[str] | None = None) -> None:
 def run(
     tmp: Path, replicas: int, stages: list[int], bake: int, seconds: float, clients: int
 ) -> dict[str, Any]:
-    from portal.accounts.models import Team
     from portal.core.actors import Actor
+    from portal.deployments.caller_keys import issue_caller_key
     from portal.deployments.models import Deployment, InstanceType
     from portal.deployments.services import create_deployment, update_deployment
-    from portal.registry.models import PlatformRelease, VersionState
-    from portal.registry.services import create_model, register_version
-    from serving.demo_model import make_demo_model
 
     actor = Actor(label="bench")
-    port = free_port()
-    gateway = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "serving.gateway", "--port", str(port)),
-            *("--redis-url", os.environ["REDIS_URL"]),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    worker = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo"),
-            *("--loglevel", "WARNING", "--hostname", f"bench-{os.getpid()}@%h"),
-        ],
-        cwd=ROOT,
-    )
+    gateway, worker, port = start_platform()
     try:
-        assert gateway.stdout is not None and gateway.stdout.readline().startswith("GATEWAY READY")
-        team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
-        PlatformRelease.objects.filter(is_default=True).exists() or call_bootstrap()
-        instance_type, _ = InstanceType.objects.get_or_create(name="cpu-local")
-        source = tmp / "artifacts" / "chat"
-        make_demo_model(source)
-        model = create_model(team=team, slug="chat", task="chat")
-        versions = [register_version(model=model, artifact_uri=f"file://{source}") for _ in "12"]
-        for version in versions:
-            wait(
-                lambda v=version: v.refresh_from_db() or v.state == VersionState.READY,
-                180,
-                "versions to be ready",
-            )
+        model, versions = demo_versions(tmp, 2)
+        instance_type = InstanceType.objects.get(name="cpu-local")
+        key = issue_caller_key(team=model.team, name="bench").plaintext
         deployment = create_deployment(
             model=model,
             strategy="red_black",
@@ -210,7 +180,7 @@ def run(
 
         wait(lambda: serving(1), 300, "v1 to serve")
         url = f"http://127.0.0.1:{port}/models/bench/chat/v1"
-        with Callers(url, "bench--chat", clients) as callers:
+        with Callers(url, "bench--chat", clients, key) as callers:
             time.sleep(3)  # warm up
             steady_from = time.time()
             time.sleep(seconds)
@@ -229,11 +199,66 @@ def run(
             "controller_overhead_ms": overhead,
         }
     finally:
-        worker.terminate()
-        worker.wait()
-        gateway.terminate()
-        gateway.wait()
-        kill_instances(tmp / "instances")
+        stop_platform(gateway, worker, tmp / "instances")
+
+
+def start_platform() -> tuple[subprocess.Popen, subprocess.Popen, int]:
+    """The local gateway and a Celery worker running the controller, as ``./dev run`` starts
+    them; returns both processes and the gateway's port."""
+    port = free_port()
+    gateway = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "serving.gateway", "--port", str(port)),
+            *("--redis-url", os.environ["REDIS_URL"]),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo"),
+            *("--loglevel", "WARNING", "--hostname", f"bench-{os.getpid()}@%h"),
+        ],
+        cwd=ROOT,
+    )
+    assert gateway.stdout is not None and gateway.stdout.readline().startswith("GATEWAY READY")
+    return gateway, worker, port
+
+
+def stop_platform(gateway: subprocess.Popen, worker: subprocess.Popen, run_root: Path) -> None:
+    worker.terminate()
+    worker.wait()
+    gateway.terminate()
+    gateway.wait()
+    kill_instances(run_root)
+
+
+def demo_versions(tmp: Path, count: int) -> tuple[Any, list[Any]]:
+    """Team ``bench``'s model ``chat`` with ``count`` versions of the random-weights demo model,
+    each ready to deploy (the cpu-local instance type exists)."""
+    from portal.accounts.models import Team
+    from portal.deployments.models import InstanceType
+    from portal.registry.models import PlatformRelease, VersionState
+    from portal.registry.services import create_model, register_version
+    from serving.demo_model import make_demo_model
+
+    team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
+    PlatformRelease.objects.filter(is_default=True).exists() or call_bootstrap()
+    InstanceType.objects.get_or_create(name="cpu-local")
+    source = tmp / "artifacts" / "chat"
+    make_demo_model(source)
+    model = create_model(team=team, slug="chat", task="chat")
+    versions = [
+        register_version(model=model, artifact_uri=f"file://{source}") for _ in range(count)
+    ]
+    for version in versions:
+        wait(
+            lambda v=version: v.refresh_from_db() or v.state == VersionState.READY,
+            180,
+            "versions to be ready",
+        )
+    return model, versions
 
 
 def call_bootstrap() -> None:

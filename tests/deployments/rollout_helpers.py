@@ -122,7 +122,11 @@ class Load:
     clients: int = 3
     #: The caller key sent as ``Authorization: Bearer``.
     key: str = ""
+    #: Tokens per completion (with ``ignore_eos``, each request takes that many decode steps).
+    max_tokens: int = 3
     results: list[Result] = field(default_factory=list)
+    #: The instances that answered (``X-Served-By``).
+    instances: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _paused: threading.Event = field(default_factory=threading.Event)
     _in_flight: list[int] = field(default_factory=lambda: [0])
@@ -142,7 +146,9 @@ class Load:
             thread.join(timeout=60)
 
     def _run(self) -> None:
-        body = {"model": self.model, "prompt": "Hello", "max_tokens": 3}
+        body = {"model": self.model, "prompt": "Hello", "max_tokens": self.max_tokens}
+        if self.max_tokens != 3:
+            body["ignore_eos"] = True
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         with httpx.Client(timeout=60, headers=headers) as client:
             while not self._stop.is_set():
@@ -162,6 +168,7 @@ class Load:
                         answer.headers.get("x-served-version", ""),
                         "" if answer.status_code == 200 else answer.text[:300],
                     )
+                    self.instances.add(answer.headers.get("x-served-by", ""))
                 except httpx.HTTPError as exc:
                     result = Result(started, 0, "", repr(exc))
                 finally:

@@ -5,60 +5,17 @@ sleeping route is held at the gateway, wakes the deployment and succeeds. No req
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
 from portal.deployments.models import Deployment
-from tests.deployments.rollout_helpers import explain, live_instances, wait_for
+from tests.deployments.rollout_helpers import Load, explain, live_instances, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SERVED_NAME = "search--chat"
-
-
-@dataclass
-class Callers:
-    """``clients`` threads each sending one completion after another through the gateway."""
-
-    url: str
-    key: str
-    clients: int
-    statuses: list[int] = field(default_factory=list)
-    served_by: set[str] = field(default_factory=set)
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def __enter__(self) -> Callers:
-        for _ in range(self.clients):
-            thread = threading.Thread(target=self._run, daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
-
-    def _run(self) -> None:
-        body = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 48, "ignore_eos": True}
-        headers = {"Authorization": f"Bearer {self.key}"}
-        with httpx.Client(timeout=120, headers=headers) as client:
-            while not self._stop.is_set():
-                try:
-                    answer = client.post(self.url + "/completions", json=body)
-                except httpx.HTTPError as exc:
-                    self.errors.append(repr(exc))
-                    continue
-                self.statuses.append(answer.status_code)
-                if answer.status_code != 200:
-                    self.errors.append(answer.text[:300])
-                self.served_by.add(answer.headers.get("x-served-by", ""))
 
 
 def fresh(deployment: Deployment) -> Deployment:
@@ -95,15 +52,15 @@ def test_load_scales_out_and_back_then_to_zero_and_a_held_request_wakes_it(rollo
 
     wait_for(lambda: fresh(deployment).observed_state == "serving", 120, "serving", explain=why)
 
-    with Callers(url, world.caller_key, clients=4) as callers:
+    with Load(url, SERVED_NAME, clients=4, key=world.caller_key, max_tokens=48) as load:
         wait_for(
             lambda: fresh(deployment).replicas == 2 and ready_count(deployment) == 2,
             120,
             "two ready instances under load",
             explain=why,
         )
-        wait_for(lambda: len(callers.served_by) == 2, 60, "requests served by both instances")
-    assert callers.errors == [] and set(callers.statuses) == {200}
+        wait_for(lambda: len(load.instances) == 2, 60, "requests served by both instances")
+    assert load.failures() == [] and load.results
     scaled_up = [e.message for e in fresh(deployment).events.filter(kind="scaling")]
     assert any(m.startswith("Scaled 1 → ") for m in scaled_up), scaled_up
 
