@@ -9,8 +9,16 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from portal.cache import services
+from portal.cache import cleanup, services
 from portal.cache.models import Materialization
+
+
+def _readable_duration(seconds: int) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"
 
 
 @admin.register(Materialization)
@@ -51,9 +59,13 @@ class MaterializationAdmin(admin.ModelAdmin):
         store = services.content_store()
         root = store.root
         root.mkdir(parents=True, exist_ok=True)
+        usage = store.usage()
         extra_context = {
             **(extra_context or {}),
-            "usage": store.usage(),
+            "usage": usage,
+            "used_bytes": usage.blob_bytes + usage.staging_bytes,
+            "partial_downloads": cleanup.partial_downloads(),
+            "staging_grace": _readable_duration(settings.MODEL_CACHE_STAGING_GRACE_SECONDS),
             "capacity": settings.MODEL_CACHE_MAX_BYTES,
             "cache_root": root,
             "free": shutil.disk_usage(root).free,

@@ -189,6 +189,25 @@ class ContentStore:
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
+    def move_to_trash(self, path: Path) -> Path | None:
+        """Take ``path`` out of service in one rename into trash; None when it is not there.
+        The caller deletes what this returns; :meth:`trash_leftovers` lists what a killed
+        caller did not get to."""
+        self.trash.mkdir(parents=True, exist_ok=True)
+        doomed = self.trash / uuid.uuid4().hex
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return None
+        return doomed
+
+    def trash_leftovers(self) -> list[Path]:
+        """What is still in trash: only ever things already out of service, safe to delete."""
+        try:
+            return sorted(Path(entry.path) for entry in os.scandir(self.trash))
+        except FileNotFoundError:
+            return []
+
     # --- capacity -------------------------------------------------------------------------
 
     def iter_blobs(self) -> Iterator[os.stat_result]:
@@ -289,6 +308,12 @@ class Staging:
     def discard(self) -> None:
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
+
+    def retire(self) -> Path | None:
+        """Take the whole area out of service at once (a rename into the store's trash), so a
+        removal killed midway leaves no half area a retry would resume from. Returns where it
+        went, for the caller to delete; None when there was no area."""
+        return self.store.move_to_trash(self.path)
 
     def keep_only_for(self, source: str) -> None:
         """Resume only copies of ``source``: a local source states no checksums, so a file an

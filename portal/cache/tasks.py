@@ -40,3 +40,11 @@ def evict_model_cache() -> dict[str, object]:
 
     report = services.evict()
     return {"evicted": report.evicted, "freed_bytes": report.freed_bytes}
+
+
+@shared_task
+def clean_up_staging() -> dict[str, object]:
+    """Beat: remove staging areas of deleted versions and of failed copies nobody retried."""
+    from portal.cache import cleanup
+
+    return cleanup.clean_up_staging().as_dict()
