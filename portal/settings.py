@@ -204,6 +204,23 @@ MODEL_CACHE_LEASE_SECONDS = int(os.environ.get("MODEL_CACHE_LEASE_SECONDS", "60"
 MODEL_CACHE_PROGRESS_INTERVAL = float(os.environ.get("MODEL_CACHE_PROGRESS_INTERVAL", "1.0"))
 #: A deployment finished less than this long ago still protects its versions from eviction.
 MODEL_CACHE_RECENT_USE_SECONDS = int(os.environ.get("MODEL_CACHE_RECENT_USE_SECONDS", "86400"))
+#: Staging areas (partial copies) of versions nobody retried are removed this long after the
+#: copy last failed or the version was deleted; until then they count in the cache's usage.
+MODEL_CACHE_STAGING_GRACE_SECONDS = int(
+    os.environ.get("MODEL_CACHE_STAGING_GRACE_SECONDS", str(2 * 86400))
+)
+# FSx for Lustre mode (portal/cache/fsx_copy.py): set the file system id and s3:// versions are
+# imported through its data repository association and restored with ``lfs hsm_restore`` on the
+# file system itself instead of being streamed through a worker. ``MODEL_CACHE_ROOT`` must be a
+# directory on that file system (hard links join the restored files to the cache's blobs).
+MODEL_CACHE_FSX_FILE_SYSTEM_ID = os.environ.get("MODEL_CACHE_FSX_FILE_SYSTEM_ID", "")
+#: Where the Lustre client mounts that file system on the workers (``mount -t lustre ... /fsx``).
+MODEL_CACHE_FSX_MOUNT = Path(os.environ.get("MODEL_CACHE_FSX_MOUNT", "/fsx"))
+#: The Lustre client's ``lfs`` command.
+MODEL_CACHE_FSX_LFS = os.environ.get("MODEL_CACHE_FSX_LFS", "lfs")
+#: How long an import task plus the restores of one version may take, and how often to look.
+MODEL_CACHE_FSX_TIMEOUT_SECONDS = float(os.environ.get("MODEL_CACHE_FSX_TIMEOUT_SECONDS", "7200"))
+MODEL_CACHE_FSX_POLL_SECONDS = float(os.environ.get("MODEL_CACHE_FSX_POLL_SECONDS", "5"))
 #: Where huggingface_hub downloads hf:// sources before they are copied into the cache.
 HF_HUB_CACHE_DIR = Path(os.environ.get("HF_HUB_CACHE_DIR", VAR_DIR / "hf-hub")).resolve()
 
@@ -297,6 +314,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
     },
     "evict-model-cache": {"task": "portal.cache.tasks.evict_model_cache", "schedule": 600.0},
+    "clean-up-model-cache-staging": {
+        "task": "portal.cache.tasks.clean_up_staging",
+        "schedule": 3600.0,
+    },
     "redrive-deployments": {
         "task": "portal.deployments.tasks.redrive_deployments",
         "schedule": 3.0,

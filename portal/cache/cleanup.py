@@ -27,7 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from portal.cache.models import CopyState, Materialization
-from portal.cache.services import Lease, content_store
+from portal.cache.services import content_store, copy_lease, staging_key
 from portal.cache.store import ContentStore
 from portal.registry.models import ModelVersion, VersionState
 
@@ -78,11 +78,6 @@ class CleanupReport:
 
 def grace() -> timedelta:
     return timedelta(seconds=settings.MODEL_CACHE_STAGING_GRACE_SECONDS)
-
-
-def version_area_key(version_id: int) -> str:
-    """The staging key ``services.materialize`` copies ``version_id`` under."""
-    return f"version-{version_id}"
 
 
 def tree_size(path: Path) -> TreeSize:
@@ -177,7 +172,7 @@ def clean_up_staging(now: datetime | None = None) -> CleanupReport:
         version_id = int(match.group(1))
         if _why_remove_version_area(version_id, cutoff) is None:
             continue
-        lease = Lease(f"model-cache:materialize:{version_id}", settings.MODEL_CACHE_LEASE_SECONDS)
+        lease = copy_lease(version_id)
         if not lease.acquire():
             report.busy.append(entry.name)  # a retry is copying it right now
             continue
@@ -225,7 +220,7 @@ def partial_downloads(limit: int = 50) -> list[PartialDownload]:
     )
     found = []
     for record in records:
-        path = cache.staging(version_area_key(record.version_id)).path
+        path = cache.staging(staging_key(record.version_id)).path
         if not path.is_dir():
             continue
         size = tree_size(path)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from portal.cache.sources import SourceError
+
 #: A ``boto3.client("fsx")``; boto3 ships no static types for it.
 FsxClient = Any
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -44,8 +46,9 @@ _BROKEN_ASSOCIATION = ("FAILED", "MISCONFIGURED")
 _BROKEN_TASK = ("FAILED", "CANCELED")
 
 
-class FsxError(Exception):
-    """Linking or preloading cannot go on; the message says what FSx or ``lfs`` reported."""
+class FsxError(SourceError):
+    """Linking or preloading cannot go on; the message says what FSx or ``lfs`` reported. A
+    source error: a version whose copy raises it fails with this message as the reason."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def _wait(
         poll.sleep(poll.interval)
 
 
-def _associations(client: FsxClient, file_system_id: str) -> list[dict[str, Any]]:
+def list_associations(client: FsxClient, file_system_id: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]}
     while True:
@@ -129,7 +132,7 @@ def ensure_association(
     until it is AVAILABLE; returns the association id. Auto-import keeps the directory in step
     with later uploads and deletions under the prefix."""
     fs_path, s3_path = _fs_path(file_system_path), _s3_path(s3_uri)
-    existing = _associations(client, file_system_id)
+    existing = list_associations(client, file_system_id)
     for assoc in existing:
         theirs = _fs_path(assoc.get("FileSystemPath", "/"))
         same_target = _s3_path(assoc.get("DataRepositoryPath", "s3://?")) == s3_path
@@ -196,7 +199,8 @@ def import_metadata(
     return task_id
 
 
-def _lfs(run: Runner, argv: list[str]) -> str:
+def run_lfs(argv: list[str], run: Runner = subprocess.run) -> str:
+    """Run one ``lfs`` command; its stdout, or :class:`FsxError` with what it printed."""
     try:
         done = run(argv, capture_output=True, text=True, check=False)
     except OSError as exc:  # no Lustre client on this host
@@ -213,7 +217,7 @@ def restore_files(
     so thousands of files cost a handful of processes without exceeding the argument limit."""
     todo = [str(p) for p in paths]
     for start in range(0, len(todo), batch):
-        _lfs(run, [lfs, "hsm_restore", *todo[start : start + batch]])
+        run_lfs([lfs, "hsm_restore", *todo[start : start + batch]], run)
 
 
 def pending_restores(
@@ -221,7 +225,7 @@ def pending_restores(
 ) -> list[Path]:
     """The files whose contents are not on the file system yet (``hsm_action`` is not NOOP).
     One call per file: the output is then unambiguous whatever the file names contain."""
-    return [Path(p) for p in paths if "NOOP" not in _lfs(run, [lfs, "hsm_action", str(p)])]
+    return [Path(p) for p in paths if "NOOP" not in run_lfs([lfs, "hsm_action", str(p)], run)]
 
 
 def wait_restored(

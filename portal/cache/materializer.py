@@ -48,6 +48,7 @@ def copy_version(
     resumed = {f.path for f in files if _already_done(f, done.get(f.path))}
     to_fetch = [f for f in files if f.path not in resumed and not _in_store(store, f)]
     check_space(store.root, sum(f.size for f in to_fetch))
+    source.prefetch(to_fetch, staging)
 
     entries: dict[str, LedgerEntry] = {}
     for file in files:
@@ -69,6 +70,7 @@ def copy_version(
             {"path": f.path, "size": f.size, "sha256": entries[f.path].sha256, **f.extra}
             for f in files
         ],
+        **source.manifest_extra,
     }
 
 

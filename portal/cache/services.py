@@ -23,10 +23,11 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from portal.cache.fsx_copy import open_version_source
 from portal.cache.materializer import copy_version
 from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
-from portal.cache.sources import CopyOptions, SourceError, open_source
+from portal.cache.sources import CopyOptions, SourceError
 from portal.cache.store import ContentStore
 from portal.cache.tasks import materialize_version_task
 from portal.core.redis_clients import redis_client
@@ -159,6 +160,16 @@ class Heartbeat(threading.Thread):
         self.join()
 
 
+def copy_lease(version_id: int) -> Lease:
+    """The lease one copy of a version holds; the staging clean-up takes it too."""
+    return Lease(f"model-cache:materialize:{version_id}", settings.MODEL_CACHE_LEASE_SECONDS)
+
+
+def staging_key(version_id: int) -> str:
+    """The staging area a version is copied in (``staging/<key>/``)."""
+    return f"version-{version_id}"
+
+
 def _worker_label() -> str:
     return f"{socket.gethostname()}:{threading.get_native_id()}"
 
@@ -167,7 +178,7 @@ def materialize(version_id: int) -> str:
     """Copy a version into the cache (or finish a copy a dead worker started). Returns what
     happened: ``materialized``, ``present``, ``busy`` (another worker holds it), ``failed``,
     ``skipped`` or ``missing``."""
-    lease = Lease(f"model-cache:materialize:{version_id}", settings.MODEL_CACHE_LEASE_SECONDS)
+    lease = copy_lease(version_id)
     if not lease.acquire():
         return "busy"
     try:
@@ -213,11 +224,12 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
         finished_at=None,
         **progress.snapshot(),
     )
-    staging = cache.staging(f"version-{version.pk}")
+    staging = cache.staging(staging_key(version.pk))
     try:
         staging.keep_only_for(version.artifact_uri)
         with Heartbeat(record.pk, progress, lease) as heartbeat:
-            source = open_source(version.artifact_uri)
+            attempt = Materialization.objects.values_list("attempts", flat=True).get(pk=record.pk)
+            source = open_version_source(version.artifact_uri, f"v{version.pk}-{attempt}")
             manifest = copy_version(source, cache, staging, progress, copy_options())
             heartbeat.flush()
     except SourceError as exc:

@@ -12,6 +12,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from portal.cache import filecopy
@@ -59,6 +60,15 @@ class Source(ABC):
     @abstractmethod
     def list_files(self) -> list[SourceFile]:
         """Every file to copy, with sizes and any checksums the source states."""
+
+    def prefetch(self, files: list[SourceFile], staging: Staging) -> None:  # noqa: B027
+        """Called once with the files about to be fetched, before the first ``fetch``: a
+        source that can start them all at once (FSx restores) does so here."""
+
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        """What the manifest should record about how the version was copied."""
+        return {}
 
     @abstractmethod
     def fetch(
