@@ -214,6 +214,9 @@ MODEL_CACHE_STAGING_GRACE_SECONDS = int(
 # file system itself instead of being streamed through a worker. ``MODEL_CACHE_ROOT`` must be a
 # directory on that file system (hard links join the restored files to the cache's blobs).
 MODEL_CACHE_FSX_FILE_SYSTEM_ID = os.environ.get("MODEL_CACHE_FSX_FILE_SYSTEM_ID", "")
+#: The buckets whose versions go through FSx (comma-separated; empty: every bucket). Versions in
+#: other buckets are copied through a worker as without FSx.
+MODEL_CACHE_FSX_BUCKETS = env_list("MODEL_CACHE_FSX_BUCKETS", [])
 #: Where the Lustre client mounts that file system on the workers (``mount -t lustre ... /fsx``).
 MODEL_CACHE_FSX_MOUNT = Path(os.environ.get("MODEL_CACHE_FSX_MOUNT", "/fsx"))
 #: The Lustre client's ``lfs`` command.

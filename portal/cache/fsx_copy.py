@@ -46,6 +46,8 @@ class FsxConfig:
     file_system_id: str
     mount: Path
     cache_root: Path
+    #: Buckets served through FSx; empty: all of them.
+    buckets: tuple[str, ...] = ()
     lfs: str = "lfs"
     timeout: float = 7200.0
     interval: float = 5.0
@@ -60,10 +62,17 @@ class FsxConfig:
             file_system_id=settings.MODEL_CACHE_FSX_FILE_SYSTEM_ID,
             mount=Path(settings.MODEL_CACHE_FSX_MOUNT),
             cache_root=Path(settings.MODEL_CACHE_ROOT),
+            buckets=tuple(settings.MODEL_CACHE_FSX_BUCKETS),
             lfs=settings.MODEL_CACHE_FSX_LFS,
             timeout=settings.MODEL_CACHE_FSX_TIMEOUT_SECONDS,
             interval=settings.MODEL_CACHE_FSX_POLL_SECONDS,
         )
+
+    def serves(self, uri: str) -> bool:
+        parts = urlsplit(uri)
+        if parts.scheme.lower() != "s3":
+            return False
+        return not self.buckets or parts.netloc in self.buckets
 
     @property
     def polling(self) -> fsx.Polling:
@@ -76,10 +85,10 @@ def fsx_client() -> Any:
 
 
 def open_version_source(uri: str, attempt_key: str) -> Source:
-    """The source a version's copy reads: FSx for an ``s3://`` URI when FSx is configured,
+    """The source a version's copy reads: FSx for an ``s3://`` URI in a bucket FSx serves,
     otherwise the URI's own source. ``attempt_key`` makes each attempt's import task new."""
     config = FsxConfig.from_settings()
-    if config is not None and urlsplit(uri).scheme.lower() == "s3":
+    if config is not None and config.serves(uri):
         s3 = open_source(uri)
         assert isinstance(s3, S3Source)
         return FsxSource(s3, fsx_client(), config, attempt_key)

@@ -374,3 +374,20 @@ def test_a_worker_killed_mid_restore_is_resumed_without_restoring_finished_files
     assert world.restored_paths().count(str(imported / "a.safetensors")) == 1
     assert record.bytes_fetched == len(files["b.safetensors"])
     assert ModelVersion.objects.get(pk=version.pk).state == VersionState.MATERIALIZED
+
+
+def test_buckets_fsx_does_not_serve_are_copied_through_the_worker(
+    world, worker_cache, team, release, settings
+):
+    settings.MODEL_CACHE_FSX_BUCKETS = ["linked-bucket"]
+    files = {"w.safetensors": blob(MiB, 7)}
+    uri = world.upload("plain/v1", files)
+    version = make_version(make_model(team), worker_cache, artifact_uri=uri)
+
+    # No FSx call is stubbed: one would fail the copy.
+    assert services.materialize(version.pk) == "materialized"
+    assert tree_files(version) == files
+    assert world.lfs_calls() == []
+    record = Materialization.objects.get(version=version)
+    assert record.bytes_fetched == MiB
+    assert "fsx" not in ContentStore(worker_cache).manifest(record.tree)
