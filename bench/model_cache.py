@@ -5,6 +5,7 @@ Run from the repository root::
 
     python bench/model_cache.py            # 512 MiB files, 3 runs each (a few minutes)
     python bench/model_cache.py --quick    # 64 MiB, 1 run: a smoke test
+    python bench/model_cache.py --only local --runs 5   # the local copy only (about a minute)
 
 What runs, all on this machine's disk and loopback:
 
@@ -57,10 +58,15 @@ def _median_seconds(fn, runs: int, setup=None) -> float:
 
 
 def bench_local(work: Path, size: int, runs: int) -> dict[str, Any]:
+    """Each run times every variant once, in turn (the disk's speed drifts: interleaving spreads
+    the drift over all of them); medians and ranges over the runs."""
     from django.conf import settings
 
     if not settings.configured:
         settings.configure(ARTIFACT_FILE_ROOTS=[work.resolve()])
+    import hashlib
+
+    from portal.cache import filecopy
     from portal.cache.materializer import copy_version
     from portal.cache.progress import Progress
     from portal.cache.sources import CopyOptions
@@ -72,6 +78,7 @@ def bench_local(work: Path, size: int, runs: int) -> dict[str, Any]:
     (source_dir / "model.safetensors").write_bytes(os.urandom(size))
     src = source_dir / "model.safetensors"
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # page cache
+    time.sleep(filecopy.SETTLED_NS / 1e9)  # a just-written file takes the chunked path
 
     dst, cache = work / "cp.out", work / "cache"
 
@@ -87,22 +94,60 @@ def bench_local(work: Path, size: int, runs: int) -> dict[str, Any]:
         cp()
         subprocess.run(["sync", str(dst)], check=True)
 
+    def sha256sum() -> None:
+        subprocess.run(["sha256sum", str(src)], stdout=subprocess.DEVNULL, check=True)
+
+    def hashlib_sha256() -> None:
+        with src.open("rb") as file:
+            hashlib.file_digest(file, "sha256")
+
     def materialize() -> None:
         store = ContentStore(cache)
         source = LocalSource(f"file://{source_dir}", source_dir)
         copy_version(source, store, store.staging("v"), Progress(), CopyOptions())
 
-    results = {
-        "cp": _median_seconds(cp, runs, clean),
-        "cp_then_sync": _median_seconds(cp_sync, runs, clean),
-        "materialize": _median_seconds(materialize, runs, clean),
+    def materialize_chunked() -> None:
+        """The chunked path only (read+hash on one thread, write on another): the previous
+        implementation, now taken with a throttle or for a just-written file."""
+        settled, filecopy.SETTLED_NS = filecopy.SETTLED_NS, 10**18
+        try:
+            materialize()
+        finally:
+            filecopy.SETTLED_NS = settled
+
+    variants = {
+        "cp": cp,
+        "cp_then_sync": cp_sync,
+        "sha256sum": sha256sum,
+        "hashlib_sha256": hashlib_sha256,
+        "materialize_chunked": materialize_chunked,
+        "materialize": materialize,
     }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    loads = []
+    for _ in range(runs):
+        loads.append(os.getloadavg()[0])
+        for name, fn in variants.items():
+            clean()
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    results = {name: statistics.median(t) for name, t in times.items()}
     return {
         "size_mib": size / MiB,
+        "runs": runs,
+        "load_before_runs": loads,
         "seconds": results,
         "mib_per_s": {k: size / MiB / v for k, v in results.items()},
+        "mib_per_s_range": {
+            k: [size / MiB / max(t), size / MiB / min(t)] for k, t in times.items()
+        },
+        "mib_per_s_runs": {k: [round(size / MiB / x) for x in t] for k, t in times.items()},
         "materialize_vs_cp": results["cp"] / results["materialize"],
         "materialize_vs_cp_then_sync": results["cp_then_sync"] / results["materialize"],
+        "materialize_vs_sha256sum": results["sha256sum"] / results["materialize"],
+        "materialize_vs_hashlib_sha256": results["hashlib_sha256"] / results["materialize"],
+        "materialize_vs_chunked": results["materialize_chunked"] / results["materialize"],
     }
 
 
@@ -271,6 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--only", choices=["local"], help="run one part (writes model_cache_<part>.md)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.size_mib, args.model_mib, args.runs = 64, 32, 1
@@ -283,6 +331,10 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         results["local"] = bench_local(work, size, args.runs)
         print(json.dumps(results["local"], indent=2), flush=True)
+        if args.only == "local":
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "model_cache_local.md").write_text(render_local(results))
+            return
         with MotoServer() as moto:
             results["s3"] = bench_s3(work, moto.url, size, args.runs)
             print(json.dumps(results["s3"], indent=2), flush=True)
@@ -302,8 +354,8 @@ def render(r: dict[str, Any]) -> str:
         f"| measure | result |\n|---|---|\n"
         f"| local copy, {local['size_mib']:.0f} MiB: cp / cp+sync / materialize | "
         f"{mbps['cp']:.0f} / {mbps['cp_then_sync']:.0f} / {mbps['materialize']:.0f} MiB/s |\n"
-        f"| materialize vs cp (vs cp+sync) | {local['materialize_vs_cp']:.0%} "
-        f"({local['materialize_vs_cp_then_sync']:.0%}) |\n"
+        f"| materialize vs cp (vs cp+sync; vs sha256sum) | {local['materialize_vs_cp']:.0%} "
+        f"({local['materialize_vs_cp_then_sync']:.0%}; {local['materialize_vs_sha256sum']:.0%}) |\n"
         f"| S3 {s3['size_mib']:.0f} MiB: single stream / parallel ranged | "
         f"{s3['mib_per_s']['single_stream']:.0f} / {s3['mib_per_s']['parallel_ranged']:.0f} "
         f"MiB/s ({s3['parallel_vs_single']:.2f}x) |\n"
@@ -311,6 +363,40 @@ def render(r: dict[str, Any]) -> str:
         f"{cold['seconds']['from_cache']:.1f} s / {cold['seconds']['download_at_start']:.1f} s "
         f"({cold['download_at_start_vs_cache']:.2f}x) |\n"
     )
+
+
+def render_local(r: dict[str, Any]) -> str:
+    local = r["local"]
+    rows = {
+        "cp": "`cp` (page cache only, no fsync)",
+        "cp_then_sync": "`cp` + `sync`",
+        "sha256sum": "`sha256sum` alone (coreutils)",
+        "hashlib_sha256": "`hashlib.file_digest` sha256 alone (OpenSSL, in process)",
+        "materialize_chunked": "materialize, chunked path (the previous implementation)",
+        "materialize": "materialize (kernel copy + hash on a second thread)",
+    }
+    lines = [
+        f"# Model cache: local copy\n\n`{r['command']}` on {r['machine'].get('cpu_model', '?')}, "
+        f"{r['machine']['cpu_count']} CPUs; {local['size_mib']:.0f} MiB, source in page cache, "
+        f"{local['runs']} runs interleaved (1-min load before each run: "
+        f"{', '.join(f'{x:.2f}' for x in local['load_before_runs'])})\n",
+        "| variant | median MiB/s | range MiB/s | runs |",
+        "|---|---|---|---|",
+    ]
+    for key, label in rows.items():
+        low, high = local["mib_per_s_range"][key]
+        lines.append(
+            f"| {label} | {local['mib_per_s'][key]:.0f} | {low:.0f}-{high:.0f} | "
+            f"{', '.join(map(str, local['mib_per_s_runs'][key]))} |"
+        )
+    lines.append(
+        f"\nmaterialize as a share of `cp`: {local['materialize_vs_cp']:.0%}; of `cp` + `sync`: "
+        f"{local['materialize_vs_cp_then_sync']:.0%}; of `sha256sum`: "
+        f"{local['materialize_vs_sha256sum']:.0%}; of hashlib sha256: "
+        f"{local['materialize_vs_hashlib_sha256']:.0%}; against the chunked path: "
+        f"{local['materialize_vs_chunked']:.2f}x\n"
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
