@@ -190,7 +190,8 @@ class MaterializationOut(serializers.ModelSerializer):
         model = Materialization
         fields = [
             "state", "bytes_total", "bytes_done", "files_total", "files_done", "bytes_fetched",
-            "rate_bytes_per_second", "eta_seconds", "attempts", "source_revision", "error",
+            "rate_bytes_per_second", "eta_seconds", "attempts", "through", "source_revision",
+            "error",
             "pinned", "started_at", "heartbeat_at", "finished_at", "last_used_at",
         ]  # fmt: skip
         read_only_fields = fields

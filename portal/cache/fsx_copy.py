@@ -84,6 +84,14 @@ def fsx_client() -> Any:
     return boto3.client("fsx")
 
 
+def copied_through(uri: str) -> str:
+    """What the version page and API say carries the bytes: an FSx file system or a worker."""
+    config = FsxConfig.from_settings()
+    if config is not None and config.serves(uri):
+        return f"FSx file system {config.file_system_id}"
+    return "a worker's copy"
+
+
 def open_version_source(uri: str, attempt_key: str) -> Source:
     """The source a version's copy reads: FSx for an ``s3://`` URI in a bucket FSx serves,
     otherwise the URI's own source. ``attempt_key`` makes each attempt's import task new."""

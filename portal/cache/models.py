@@ -34,6 +34,8 @@ class Materialization(models.Model):
     #: Bytes the last attempt read from the source; resumed and deduplicated bytes are not.
     bytes_fetched = models.BigIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0)
+    #: How the last attempt got the bytes: a worker's copy, or an FSx file system's restore.
+    through = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     #: The exact revision copied, where the source has one (a Hub commit).
     source_revision = models.CharField(max_length=200, blank=True)

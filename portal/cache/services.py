@@ -23,7 +23,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from portal.cache.fsx_copy import open_version_source
+from portal.cache.fsx_copy import copied_through, open_version_source
 from portal.cache.materializer import copy_version
 from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
@@ -219,6 +219,7 @@ def _materialize_held(version_id: int, lease: Lease) -> str:
         state=CopyState.COPYING,
         attempts=F("attempts") + 1,
         worker=_worker_label(),
+        through=copied_through(version.artifact_uri),
         error="",
         started_at=timezone.now(),
         finished_at=None,

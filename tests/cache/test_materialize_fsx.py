@@ -223,6 +223,7 @@ def test_a_version_is_restored_by_the_file_system_and_published_as_in_copy_mode(
     assert (record.bytes_total, record.bytes_done, record.bytes_fetched) == (total, total, total)
     manifest = ContentStore(worker_cache).manifest(record.tree)
     assert manifest["fsx"] == {"file_system_id": FS, "association_id": DRA}
+    assert record.through == f"FSx file system {FS}"
     # One restore request for every file; the restored files moved into the cache.
     assert sorted(world.restored_paths()) == sorted(str(imported / name) for name in files)
     assert [c[0] for c in world.lfs_calls()].count("hsm_restore") == 1
@@ -390,4 +391,5 @@ def test_buckets_fsx_does_not_serve_are_copied_through_the_worker(
     assert world.lfs_calls() == []
     record = Materialization.objects.get(version=version)
     assert record.bytes_fetched == MiB
+    assert record.through == "a worker's copy"
     assert "fsx" not in ContentStore(worker_cache).manifest(record.tree)

@@ -40,9 +40,12 @@ def test_a_new_version_page_says_just_now(member, team, model, version):
 
 @pytest.mark.django_db
 def test_the_copy_rate_says_what_it_waits_for_instead_of_a_dash(member, team, model, version):
-    copy = Materialization.objects.create(version=version, tree="t", state=CopyState.COPYING)
+    copy = Materialization.objects.create(
+        version=version, tree="t", state=CopyState.COPYING, through="FSx file system fs-1"
+    )
     page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
     assert "measuring…" in page and "estimating…" in page
+    assert 'data-testid="copy-through">FSx file system fs-1</dd>' in page
     copy.state = CopyState.PRESENT
     copy.save()
     page = page_html(member, "web:version_detail", team.slug, model.slug, version.number)
