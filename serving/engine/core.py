@@ -7,6 +7,12 @@ iteration of arriving instead of waiting for the batch in flight to finish, and 
 their cohort's cache as soon as they finish. That is iteration-level batching without merging
 caches of different lengths, which a small in-process engine does not need.
 
+Every iteration is one step of the whole running batch, as on vLLM: the new cohort's prefill
+and one decode of each other cohort, then the step's logits are masked (the requests'
+constraints), handed to the model's vLLM V1 logits processors (``model.json``'s
+``logits_processors``; :mod:`serving.engine.logits_processors` drives them through a persistent
+batch of all running sequences, exactly as vLLM's model runner does) and sampled.
+
 Callers use :meth:`Engine.generate` from asyncio; the loop hands each step's :class:`Delta` to
 the caller's event loop thread-safely.
 """
@@ -19,7 +25,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,8 +33,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from serving.constraints import LOGITS_PROCESSOR
 from serving.engine.constraints import CohortMasks, CompiledConstraints, ConstraintCompiler
-from serving.engine.model import LoadedModel, load_model, read_engine_config
+from serving.engine.logits_processors import (
+    PluginLoadError,
+    ProcessorBatch,
+    cpu_vllm_config,
+    load_processor_class,
+    sampling_params,
+)
+from serving.engine.model import LoadedModel, ModelLoadError, load_model, read_engine_config
 from serving.engine.sampling import adjust_logits, choose
 from serving.engine.stats import EngineStats, FinishedRequest, NullStats
 from serving.engine.types import (
@@ -88,6 +102,7 @@ class _Sequence:
     index: int = 0  # which of the parent request's n completions
     n: int = 1  # the parent request's n
     parent: _Parent | None = None
+    params: Any = None  # vLLM's SamplingParams, when the model has logits processors
 
 
 class _Cohort:
@@ -101,6 +116,9 @@ class _Cohort:
         self.masks = CohortMasks(engine.compiler, [s.constraints for s in sequences])
         self.cache: Any = None
         self.attention: torch.Tensor | None = None
+        # A model that returns no KV cache (a custom architecture may not keep one) is fed each
+        # row's whole sequence at every step instead: the rows' ids so far, left-padded.
+        self.ids: torch.Tensor | None = None
 
     @property
     def live(self) -> list[_Sequence]:
@@ -123,6 +141,8 @@ class _Cohort:
             logits_to_keep=1,
         )
         self.cache = out.cache
+        if self.cache is None:
+            self.ids = ids
         return out.logits[:, -1, :].float()
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
@@ -130,6 +150,16 @@ class _Cohort:
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]
         ones = torch.ones((len(tokens), 1), dtype=torch.long)
         self.attention = torch.cat([self.attention, ones], dim=1)
+        if self.ids is not None:
+            self.ids = torch.cat([self.ids, ids], dim=1)
+            out = self.engine.model(
+                input_ids=self.ids,
+                attention_mask=self.attention,
+                position_ids=(self.attention.cumsum(-1) - 1).clamp(min=0),
+                use_cache=False,
+                logits_to_keep=1,
+            )
+            return out.logits[:, -1, :].float()
         positions = self.attention.sum(-1, keepdim=True) - 1
         out = self.engine.model(
             input_ids=ids,
@@ -151,7 +181,10 @@ class _Cohort:
         self.slots = [self.slots[i] for i in keep]
         if keep:
             index = torch.tensor(keep, dtype=torch.long)
-            self.cache.batch_select_indices(index)
+            if self.cache is not None:
+                self.cache.batch_select_indices(index)
+            if self.ids is not None:
+                self.ids = self.ids[index]
             assert self.attention is not None
             self.attention = self.attention[index]
 
@@ -198,8 +231,28 @@ class Engine:
         self._draining = False
         self._stopped = False
         self._embed_lock = threading.Lock()
+        self.processors = self._build_processors(loaded)
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
+
+    def _build_processors(self, loaded: LoadedModel) -> ProcessorBatch | None:
+        """The model's vLLM V1 logits processors, built as vLLM builds them. The platform's
+        own constraint processor is left out: the native constraint path applies the same
+        ``constraint`` and ``logit_bias`` (a test checks both give the same masks)."""
+        names = [n for n in loaded.config.logits_processors if n != LOGITS_PROCESSOR]
+        if not names or self.kind != "generate":
+            return None
+        try:
+            classes = [load_processor_class(name) for name in names]
+            return ProcessorBatch(
+                classes,
+                max_num_reqs=self.max_num_seqs,
+                vllm_config=cpu_vllm_config(self.max_num_seqs, self.max_model_len),
+            )
+        except PluginLoadError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        except Exception as exc:
+            raise ModelLoadError(f"logits processors {names} cannot be built: {exc}") from exc
 
     # --- public API -----------------------------------------------------------------------
 
@@ -342,7 +395,14 @@ class Engine:
         generator = torch.Generator()
         seed = options.seed if options.seed is not None else self._unseeded.getrandbits(64)
         generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        return _Sequence(request, prompt_ids, constraints, None, arrived, generator)
+        sequence = _Sequence(request, prompt_ids, constraints, None, arrived, generator)
+        if self.processors is not None:
+            try:
+                sequence.params = sampling_params(options)
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequestError(str(exc)) from None
+            self.processors.validate(sequence.params)
+        return sequence
 
     def _enqueue(self, sequence: _Sequence) -> None:
         with self._cond:
@@ -364,12 +424,14 @@ class Engine:
                 admitted = self._take_waiting()
             try:
                 with torch.inference_mode():
-                    if admitted:
-                        self._start_cohort(admitted)
-                    for cohort in list(self._cohorts):
-                        self._step(cohort)
+                    self._iterate(admitted)
             except Exception as exc:  # a model failure must not hang every caller
                 logger.exception("engine %s: decode step failed", self.name)
+                if self.processors is not None:
+                    try:  # take the step's additions, so that the removals below may follow
+                        self.processors.step()
+                    except Exception:
+                        logger.exception("engine %s: logits processors failed", self.name)
                 for cohort in self._cohorts:
                     for seq in cohort.live:
                         self._fail(seq, exc)
@@ -396,29 +458,65 @@ class Engine:
             taken.append(seq)
         return taken
 
-    def _start_cohort(self, sequences: list[_Sequence]) -> None:
+    def _iterate(self, admitted: list[_Sequence]) -> None:
+        """One step: the admitted sequences' prefill and one decode of every other cohort,
+        then the logits processors over the whole batch, then sampling."""
+        new = self._new_cohort(admitted) if admitted else None
+        if self.processors is not None:
+            self.processors.step()  # vLLM: condense(), then refresh_metadata()
+        work: list[tuple[_Cohort, torch.Tensor]] = []
+        if new is not None:
+            self._cohorts.append(new)
+            work.append((new, new.prefill()))
+        for cohort in list(self._cohorts):
+            if cohort is new:
+                continue
+            if not cohort.slots:
+                self._cohorts.remove(cohort)
+                continue
+            work.append((cohort, cohort.decode([seq.output_ids[-1] for seq in cohort.live])))
+        masked = []
+        for cohort, raw in work:
+            logits = raw.clone()
+            cohort.masks.apply_(logits, cohort.slots)
+            masked.append(logits)
+        if self.processors is not None and work:
+            masked = self._apply_processors(work, masked)
+        for (cohort, raw), logits in zip(work, masked, strict=True):
+            self._sample_and_emit(cohort, raw, logits)
+
+    def _new_cohort(self, sequences: list[_Sequence]) -> _Cohort:
         now = time.monotonic()
         for seq in sequences:
             seq.scheduled = now
             self.stats.on_prefill(len(seq.prompt_ids), len(seq.prompt_ids), 0)
         cohort = _Cohort(self, sequences)
-        logits = cohort.prefill()
-        self._cohorts.append(cohort)
-        self._sample_and_emit(cohort, logits)
+        if self.processors is not None:
+            for seq in sequences:
+                # The output list is the one _sample_and_emit appends to: processors see it grow.
+                self.processors.add(seq, seq.params, seq.prompt_ids, seq.output_ids)
+        return cohort
 
-    def _step(self, cohort: _Cohort) -> None:
-        if not cohort.slots:
-            self._cohorts.remove(cohort)
-            return
-        tokens = [seq.output_ids[-1] for seq in cohort.live]
-        logits = cohort.decode(tokens)
-        self._sample_and_emit(cohort, logits)
+    def _apply_processors(
+        self, work: list[tuple[_Cohort, torch.Tensor]], masked: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The step's logits in the persistent batch's row order through the processors, and
+        back into each cohort's (cache) order."""
+        assert self.processors is not None
+        position: dict[Hashable, int] = {}
+        for cohort, _ in work:
+            for seq in cohort.live:
+                position[seq] = len(position)
+        stacked = torch.cat(masked)
+        order = torch.tensor(
+            [position[key] for key in self.processors.row_keys()], dtype=torch.long
+        )
+        stacked[order] = self.processors.apply(stacked[order])
+        return list(torch.split(stacked, [len(cohort.slots) for cohort, _ in work]))
 
-    def _sample_and_emit(self, cohort: _Cohort, logits: torch.Tensor) -> None:
-        raw = logits
-        logits = logits.clone()
+    def _sample_and_emit(self, cohort: _Cohort, raw: torch.Tensor, logits: torch.Tensor) -> None:
+        """``raw``: the model's logits; ``logits``: masked and through the processors."""
         live = cohort.live
-        cohort.masks.apply_(logits, cohort.slots)
         # vLLM's default logprobs_mode (raw_logprobs): from the model's logits, before
         # min_tokens, logit_bias, penalties and temperature.
         logprobs = torch.log_softmax(raw, dim=-1)
@@ -573,6 +671,8 @@ class Engine:
                 max_generation_tokens=most,
             )
         )
+        if self.processors is not None:
+            self.processors.remove(seq)  # vLLM: remove_request (condensed at the next step)
         with self._cond:
             self._in_flight -= 1
 

@@ -30,7 +30,6 @@ _NOT_APPLICABLE = frozenset(
         "max_num_batched_tokens",
         "enable_log_requests",
         "enable_prefix_caching",
-        "logits_processors",
         "tensor_parallel_size",
         "pipeline_parallel_size",
         "generation_config",
@@ -40,6 +39,7 @@ _HONOURED = frozenset(
     {"model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "seed", "max_logprobs"}
     | {"runner", "convert", "trust_remote_code", "revision", "tokenizer_revision"}
     | {"disable_log_stats"}  # turns the metrics Triton's vLLM backend bridges off
+    | {"logits_processors"}  # vLLM V1 LogitsProcessor classes, "module:Class"
 )
 _DTYPES = {"auto": None, "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
 _DTYPES |= {"half": "float16", "float16": "float16"}
@@ -61,6 +61,9 @@ class EngineConfig:
     max_logprobs: int
     # vLLM's switch for its stats loggers; Triton's vLLM backend bridges metrics only when false.
     disable_log_stats: bool = False
+    # vLLM's ``logits_processors`` engine argument: ``module:Class`` names, in order
+    # (:mod:`serving.engine.logits_processors` runs them).
+    logits_processors: tuple[str, ...] = ()
 
 
 def read_engine_config(model_dir: Path) -> EngineConfig:
@@ -96,6 +99,11 @@ def read_engine_config(model_dir: Path) -> EngineConfig:
     disable_log_stats = args.get("disable_log_stats", False)
     if not isinstance(disable_log_stats, bool):
         raise ModelLoadError(f"{path}: disable_log_stats must be true or false")
+    processors = args.get("logits_processors") or []
+    if not isinstance(processors, list) or not all(
+        isinstance(p, str) and ":" in p for p in processors
+    ):
+        raise ModelLoadError(f"{path}: logits_processors must be a list of 'module:Class' names")
     base = Path(model_dir)
     weights = base / args["model"]
     return EngineConfig(
@@ -108,6 +116,7 @@ def read_engine_config(model_dir: Path) -> EngineConfig:
         seed=args.get("seed"),
         max_logprobs=_positive(path, args, "max_logprobs") or 20,
         disable_log_stats=disable_log_stats,
+        logits_processors=tuple(dict.fromkeys(processors)),
     )
 
 
@@ -136,9 +145,17 @@ def load_model(config: EngineConfig) -> LoadedModel:
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+    from serving.engine.logits_processors import PluginLoadError, load_general_plugins
+
     transformers.utils.logging.disable_progress_bar()
     if not config.weights.is_dir():
         raise ModelLoadError(f"model weights directory {config.weights} does not exist")
+    try:
+        # Before the weights, as vLLM does: a plugin may register the model's architecture
+        # (with transformers' Auto classes for this engine, by the platform's convention).
+        load_general_plugins()
+    except PluginLoadError as exc:
+        raise ModelLoadError(str(exc)) from exc
     dtype = getattr(torch, config.dtype) if config.dtype else "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)

@@ -312,18 +312,16 @@ def convert_field(key: str, value: Any) -> Any:
 
 
 def _extra_args(value: Any) -> dict[str, Any]:
-    """The keys the platform's vLLM plugin reads from ``SamplingParams.extra_args``, as
-    :class:`SamplingOptions` fields."""
+    """``SamplingParams.extra_args`` as :class:`SamplingOptions` fields: the platform's
+    ``constraint`` and ``logit_bias`` parsed, and the whole mapping as ``extra_args``."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InvalidRequestError("sampling_parameters.extra_args must be an object")
-    unknown = set(value) - {EXTRA_ARGS_KEY, LOGIT_BIAS_KEY}
-    if unknown:
-        raise InvalidRequestError(
-            f"sampling_parameters.extra_args.{sorted(unknown)[0]} is not known"
-        )
-    options: dict[str, Any] = {}
+    # Every key reaches SamplingParams.extra_args, as on vLLM: the model's logits processors
+    # (an author's, named in model.json) read their own; each processor's validate_params
+    # checks them when the request is admitted.
+    options: dict[str, Any] = {"extra_args": dict(value)}
     if value.get(LOGIT_BIAS_KEY) is not None:
         options["logit_bias"] = parse_logit_bias(
             value[LOGIT_BIAS_KEY], f"sampling_parameters.extra_args.{LOGIT_BIAS_KEY}"

@@ -6,6 +6,7 @@ each :class:`Delta` back into ``text_output`` (and friends); nothing here knows 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,10 @@ class SamplingOptions:
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None
     constraint: ConstraintSpec | None = None  # the platform's own (extra_args["constraint"])
+    # vLLM's ``SamplingParams.extra_args`` as the request sent them, every key (the platform's
+    # ``constraint`` and ``logit_bias`` too, parsed above): what the model's logits processors
+    # read (:mod:`serving.engine.logits_processors`). Not part of the hash.
+    extra_args: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

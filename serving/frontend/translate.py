@@ -9,6 +9,12 @@ re-parses the result with the engine's strict parser before anything is sent.
 Structured outputs follow vLLM 0.24 (the version pinned in the serving image): the key is
 ``structured_outputs`` and its value is itself a JSON *string* of ``StructuredOutputsParams``,
 exactly as the backend does ``StructuredOutputsParams(**json.loads(value))``.
+
+``vllm_xargs`` becomes ``SamplingParams.extra_args`` key by key, as in vLLM's own OpenAI server
+(``to_sampling_params``: ``extra_args = self.vllm_xargs``): the platform's ``constraint`` is
+checked here, every other key reaches the model's logits processors (an author's, named in the
+version's ``model.json``), whose ``validate_params`` checks it when the engine admits the
+request. Values are what vLLM's field allows: strings, numbers, or lists of them.
 """
 
 from __future__ import annotations
@@ -100,9 +106,7 @@ def sampling_parameters(
     structured = structured_outputs(request)
     if structured is not None:
         params["structured_outputs"] = json.dumps(structured)
-    extra: dict[str, Any] = {}
-    if request.vllm_xargs:
-        extra[EXTRA_ARGS_KEY] = request.vllm_xargs[EXTRA_ARGS_KEY]
+    extra: dict[str, Any] = dict(request.vllm_xargs or {})
     if request.logit_bias:
         # Not SamplingParams.logit_bias: Triton's backend passes that on with JSON's string keys
         # and vLLM fails the request. The platform's logits processor applies this one on a GPU
@@ -241,17 +245,32 @@ def check_supported(request: GenerationRequest) -> None:
         raise bad_request(
             "`stream_options` can only be used when `stream` is True", "stream_options"
         )
-    if request.vllm_xargs:
-        unknown = sorted(set(request.vllm_xargs) - {EXTRA_ARGS_KEY})
-        if unknown:
+    for key, value in (request.vllm_xargs or {}).items():
+        if key == EXTRA_ARGS_KEY:
+            continue  # an object or a JSON string; the engine's parser checks it
+        if key == LOGIT_BIAS_KEY and request.logit_bias:
             raise bad_request(
-                f"vllm_xargs.{unknown[0]} is not known (only {EXTRA_ARGS_KEY!r})",
-                f"vllm_xargs.{unknown[0]}",
+                f"send either logit_bias or vllm_xargs.{LOGIT_BIAS_KEY}, not both",
+                f"vllm_xargs.{LOGIT_BIAS_KEY}",
+            )
+        if key != LOGIT_BIAS_KEY and not _xarg_value(value):
+            raise bad_request(
+                f"vllm_xargs.{key} must be a string, a number or a list of them (vLLM's "
+                "vllm_xargs)",
+                f"vllm_xargs.{key}",
             )
     if isinstance(request, ChatCompletionRequest):
         _check_chat(request)
     else:
         _check_completion(request)
+
+
+def _xarg_value(value: Any) -> bool:
+    """What vLLM's ``vllm_xargs`` allows as a value: ``str | int | float`` or a list of them."""
+    scalar = (str, int, float)
+    if isinstance(value, list):
+        return all(isinstance(v, scalar) for v in value)
+    return isinstance(value, scalar)
 
 
 def _check_chat(request: ChatCompletionRequest) -> None:
@@ -316,6 +335,7 @@ def _check_json_schema(schema: dict[str, Any]) -> None:
 
 
 _ENGINE_KEY = re.compile(r"sampling_parameters\.(\w+)")
+_EXTRA_KEY = re.compile(r"extra_args\.(\w+)")
 
 
 def _check_with_engine_parser(request: GenerationRequest, payload: str) -> None:
@@ -332,6 +352,13 @@ def _check_with_engine_parser(request: GenerationRequest, payload: str) -> None:
                 param = "structured_outputs"
             else:
                 param = "response_format"
+        elif (key := _EXTRA_KEY.search(message)) is not None:
+            name = key.group(1)
+            param = (
+                LOGIT_BIAS_KEY
+                if name == LOGIT_BIAS_KEY and request.logit_bias
+                else f"vllm_xargs.{name}"
+            )
         elif "constraint" in message or "extra_args" in message:
             param = f"vllm_xargs.{EXTRA_ARGS_KEY}"
         else:

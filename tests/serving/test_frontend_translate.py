@@ -122,6 +122,24 @@ def test_vllm_xargs_constraint_becomes_extra_args() -> None:
     assert json.loads(params["structured_outputs"]) == {"regex": "[a-z]{3}"}
 
 
+def test_other_vllm_xargs_keys_pass_through_into_extra_args() -> None:
+    """As vLLM's own server does (extra_args = vllm_xargs): an author's logits processor reads
+    its own key; the platform's constraint and logit_bias travel beside it."""
+    constraint = {"choice": ["yes", "no"]}
+    xargs = {"no_repeat_window": 3, "label": "x", "weights": [1, 2.5], "constraint": constraint}
+    for request in (chat(vllm_xargs=xargs), completion(vllm_xargs=xargs)):
+        text = build_payload(request, default_max_tokens=8).sampling_parameters
+        assert json.loads(text)["extra_args"] == xargs
+        options = parse_sampling_parameters(text)
+        assert options.extra_args == xargs
+        assert options.constraint is not None
+    text = build_payload(
+        chat(vllm_xargs={"no_repeat_window": 2}, logit_bias={"5": 1}), default_max_tokens=8
+    ).sampling_parameters
+    assert json.loads(text)["extra_args"] == {"no_repeat_window": 2, "logit_bias": {"5": 1.0}}
+    assert parse_sampling_parameters(text).logit_bias == ((5, 1.0),)
+
+
 def test_n_with_seed_gives_each_choice_its_own_seed() -> None:
     request = completion(n=3, seed=41)
     seeds = [
@@ -234,7 +252,12 @@ def test_logit_bias_travels_in_extra_args_never_as_the_top_level_field() -> None
             "structured_outputs",
         ),
         ({"structured_outputs": {"choice": []}}, "structured_outputs"),
-        ({"vllm_xargs": {"other": 1}}, "vllm_xargs.other"),
+        # Any key passes (vLLM's extra_args), but only with the values vLLM's field allows.
+        ({"vllm_xargs": {"other": {"nested": 1}}}, "vllm_xargs.other"),
+        ({"vllm_xargs": {"other": None}}, "vllm_xargs.other"),
+        ({"vllm_xargs": {"other": [[1]]}}, "vllm_xargs.other"),
+        ({"vllm_xargs": {"logit_bias": {"3": 1}}, "logit_bias": {"4": 1}}, "vllm_xargs.logit_bias"),
+        ({"vllm_xargs": {"logit_bias": {"cat": 1}}}, "vllm_xargs.logit_bias"),
         ({"vllm_xargs": {"constraint": {"choice": []}}}, "vllm_xargs.constraint"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"top_logprobs": 2}, "top_logprobs"),
