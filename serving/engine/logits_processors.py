@@ -62,14 +62,22 @@ def load_general_plugins() -> list[str]:
     With vLLM importable, its own ``load_plugins_by_group`` finds and loads them and each is
     called, which is ``vllm.plugins.load_general_plugins`` without its once-per-process latch
     (plugins must be safe to call again, vLLM's rule). Without vLLM, the same lookup through
-    ``importlib.metadata``. vLLM is not imported at all when no general plugin is installed.
+    ``importlib.metadata``. vLLM's own general plugins (LoRA resolvers) are left out, so vLLM
+    is not imported at all when no other general plugin is installed.
     Unlike vLLM, which logs a plugin that fails to import and goes on, a failure here stops
     the load: the model it would register would fail later and less clearly."""
     discovered = importlib.metadata.entry_points(group=GENERAL_PLUGINS_GROUP)
     if not discovered:
         return []
     allowed = os.environ["VLLM_PLUGINS"].split(",") if "VLLM_PLUGINS" in os.environ else None
-    wanted = [ep for ep in discovered if allowed is None or ep.name in allowed]
+    # vLLM's own general plugins (its LoRA resolvers) mean nothing here, and importing vLLM
+    # for them alone would add seconds to every start.
+    wanted = [
+        ep
+        for ep in discovered
+        if (allowed is None or ep.name in allowed)
+        and (ep.dist is None or ep.dist.name.lower() != "vllm")
+    ]
     if not wanted:
         return []
     try:
@@ -82,7 +90,12 @@ def load_general_plugins() -> list[str]:
             except Exception as exc:
                 raise PluginLoadError(f"general plugin {ep.name} ({ep.value}): {exc}") from exc
     else:
-        funcs = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+        names = {ep.name for ep in wanted}
+        funcs = {
+            name: func
+            for name, func in load_plugins_by_group(GENERAL_PLUGINS_GROUP).items()
+            if name in names
+        }
         missing = sorted({ep.name for ep in wanted} - set(funcs))
         if missing:
             raise PluginLoadError(f"general plugin(s) {missing} failed to import (see the log)")
