@@ -202,7 +202,14 @@ def test_a_version_is_restored_by_the_file_system_and_published_as_in_copy_mode(
 
     # Progress comes from the file system while the restore runs.
     seen: list[int] = []
-    copying = threading.Thread(target=lambda: seen.append(services.materialize(version.pk)))
+
+    def copy() -> None:
+        try:
+            seen.append(services.materialize(version.pk))
+        finally:
+            connection.close()  # this thread's own connection
+
+    copying = threading.Thread(target=copy)
     copying.start()
     partial = []
     while copying.is_alive():
@@ -211,7 +218,6 @@ def test_a_version_is_restored_by_the_file_system_and_published_as_in_copy_mode(
             partial.append(record.bytes_done)
         time.sleep(0.02)
     copying.join()
-    connection.close()
 
     assert seen == ["materialized"]
     version.refresh_from_db()
@@ -232,6 +238,10 @@ def test_a_version_is_restored_by_the_file_system_and_published_as_in_copy_mode(
     # The cache owns the bytes alone: blob + the version's tree, nothing in the linked directory.
     model = weights_dir(version) / "model.safetensors"
     assert model.stat().st_nlink == 2
+    # So eviction frees the bytes as in copy mode.
+    report = services.evict(capacity=1)
+    assert report.evicted == [version.pk] and report.freed_bytes == total
+    assert not weights_dir(version).exists()
 
 
 def test_a_restore_that_fails_part_way_fails_the_version_and_a_retry_finishes_it(
