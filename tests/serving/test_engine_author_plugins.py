@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig
 
 from serving.engine.core import Engine, load_engine
 from serving.engine.logits_processors import load_general_plugins
@@ -40,24 +39,9 @@ def plugin_path(tmp_path_factory) -> Iterator[Path]:
     )  # fmt: skip
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
-    shim = _auto_config_shim()
     yield target
-    if shim:
-        del AutoConfig._model_mapping  # type: ignore[attr-defined]
     sys.path.remove(str(target))
     importlib.invalidate_caches()
-
-
-def _auto_config_shim() -> bool:
-    """WORKAROUND until examples/plugins/tiny-bigram is fixed: its ``register`` reads
-    ``AutoConfig._model_mapping._extra_content``, which transformers 5 no longer has (the
-    registry is ``transformers.models.auto.configuration_auto.CONFIG_MAPPING``)."""
-    if hasattr(AutoConfig, "_model_mapping"):
-        return False
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    AutoConfig._model_mapping = CONFIG_MAPPING  # type: ignore[attr-defined]
-    return True
 
 
 @pytest.fixture(scope="module")

@@ -164,13 +164,18 @@ def test_a_bad_logit_bias_in_extra_args_is_refused_by_its_name(bias, message) ->
         ),
         ({"structured_outputs": json.dumps({"structural_tag": "{}"})}, "structural_tag"),
         ({"extra_args": {"constraint": {"choice": []}}}, "extra_args.constraint"),
-        ({"extra_args": {"other": 1}}, "extra_args.other"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(payload, message) -> None:
     raw = payload if isinstance(payload, str) else json.dumps(payload)
     with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(")):
         parse_sampling_parameters(raw)
+
+
+def test_other_extra_args_pass_through_for_author_processors() -> None:
+    """As on vLLM: keys the platform does not read are an author processor's to read."""
+    options = parse_sampling_parameters(json.dumps({"extra_args": {"no_repeat_window": 3}}))
+    assert options.extra_args == {"no_repeat_window": 3}
 
 
 def test_penalties_min_p_and_logit_bias_are_read_by_name() -> None:

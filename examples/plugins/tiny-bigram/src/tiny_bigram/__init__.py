@@ -20,10 +20,11 @@ ARCHITECTURE = "TinyBigramForCausalLM"
 
 def register() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from tiny_bigram.modeling import TinyBigramConfig, TinyBigramForCausalLM
 
-    if TinyBigramConfig.model_type not in AutoConfig._model_mapping._extra_content:
+    if TinyBigramConfig.model_type not in CONFIG_MAPPING:
         AutoConfig.register(TinyBigramConfig.model_type, TinyBigramConfig)
         AutoModelForCausalLM.register(TinyBigramConfig, TinyBigramForCausalLM)
     try:
