@@ -179,6 +179,19 @@ SILENCED_SYSTEM_CHECKS = ["security.W021"]
 #: Where materialized weights and model packages live (an FSx for Lustre mount in production).
 MODEL_CACHE_ROOT = Path(os.environ.get("MODEL_CACHE_ROOT", VAR_DIR / "model-cache")).resolve()
 
+#: Author plugin wheels (portal/registry/plugins.py): the most one wheel may weigh, and all of a
+#: version's wheels together; the serving image's installed packages, which a wheel's
+#: Requires-Dist must be satisfied by (the pinned-version rule).
+PLUGIN_WHEEL_MAX_BYTES = int(os.environ.get("PLUGIN_WHEEL_MAX_BYTES", str(64 * 1024 * 1024)))
+PLUGIN_WHEELS_MAX_TOTAL_BYTES = int(
+    os.environ.get("PLUGIN_WHEELS_MAX_TOTAL_BYTES", str(192 * 1024 * 1024))
+)
+SERVING_IMAGE_PACKAGES_FILE = Path(
+    os.environ.get(
+        "SERVING_IMAGE_PACKAGES_FILE", BASE_DIR / "docker" / "serving-image-packages.txt"
+    )
+)
+
 #: ``file://`` artifact sources must resolve under one of these directories.
 ARTIFACT_FILE_ROOTS = [
     Path(p).resolve()

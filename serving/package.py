@@ -6,6 +6,18 @@ boundary (object store, shared filesystem), so nothing in it is trusted: no link
 absolute paths or ``..``; sizes are bounded; and every checksum is verified in a private
 staging directory before the result is renamed into place, so a half-checked or hostile
 package is never visible at ``target``.
+
+A vLLM-backend package may carry author plugin wheels at ``<model>/plugins/<wheel>`` (Triton
+ignores a model's non-numeric subdirectories), each listed in ``files`` like any member and
+described in the manifest's ``plugins`` (absent when there are none)::
+
+    "plugins": [{"file": "<model>/plugins/<wheel>", "sha256": "...", "size": N,
+                 "name": "<distribution>", "version": "...",
+                 "general_plugins": {"<entry point>": "module:attr"},
+                 "logits_processors": {"<entry point>": "module:Class"}}]
+
+``model.json``'s ``logits_processors`` then names the platform's processor followed by each
+plugin processor's ``module:Class``.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -84,11 +97,17 @@ def vllm_repository_files(
     engine_args: dict[str, Any],
     *,
     tool_call_parser: str | None = None,
+    logits_processors: Sequence[str] = (),
 ) -> dict[str, bytes]:
     """``config.pbtxt`` and ``<number>/model.json`` for Triton's vLLM backend, as
     ``{relative path: content}``; ``engine_args`` are the author's (already validated).
     ``tool_call_parser`` (how the model writes tool calls) is a model parameter the OpenAI
-    front end reads; Triton keeps parameters it does not use."""
+    front end reads; Triton keeps parameters it does not use. ``logits_processors`` are the
+    author plugins' processors (``module:Class``), named after the platform's own."""
+    if logits_processors and not takes_logits_processors(engine_args):
+        raise ValueError(
+            "vLLM refuses custom logits processors for pooling models and with speculative decoding"
+        )
     model_json = {
         "model": weights,
         "tokenizer": weights,
@@ -100,7 +119,7 @@ def vllm_repository_files(
         # The constraint processor, by name: the only way vLLM loads it (the project registers
         # no entry point), and only named processors make vLLM fill in real output token IDs
         # under async scheduling (the default), which the processor reads.
-        model_json["logits_processors"] = [LOGITS_PROCESSOR]
+        model_json["logits_processors"] = [LOGITS_PROCESSOR, *logits_processors]
     config = vllm_config(name, number)
     if tool_call_parser:
         config.parameters[TOOL_CALL_PARSER].string_value = tool_call_parser

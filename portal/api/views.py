@@ -16,6 +16,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from portal.accounts.access import Access, access_for, default_team
@@ -33,7 +34,7 @@ from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
 from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services
-from portal.registry.models import Model, ModelVersion, PlatformRelease
+from portal.registry.models import Model, ModelVersion, PlatformRelease, PluginWheel
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     idempotency.HEADER,
@@ -196,8 +197,42 @@ class RegisteredModelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.Retrie
         return self.metrics_answer(list(self.get_object().deployments.all()))
 
 
+class PluginWheelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """Author plugin wheels (vLLM ``general_plugins`` and ``logits_processors`` entry points),
+    uploaded once and named by versions at registration. Each is read without running any of
+    its code, and refused with the reason: not a wheel, tags the serving image cannot install,
+    no entry point, requirements the release's serving image does not meet, over the size
+    limit. Stored by sha256: the same bytes uploaded again answer the existing one (200)."""
+
+    queryset = PluginWheel.objects.select_related("team")
+    serializer_class = s.PluginWheelOut
+    parser_classes = [MultiPartParser]
+    ordering_fields = ["name", "created_at"]
+
+    @extend_schema(
+        request={"multipart/form-data": s.PluginWheelUploadIn},
+        responses={201: s.PluginWheelOut, 200: s.PluginWheelOut},
+    )
+    def create(self, request):
+        data = self.valid_input(s.PluginWheelUploadIn)
+        team = self._team_for_create(data.get("team"))
+        self.require_write(team.pk)
+        upload = data["wheel"]
+        wheel, created = registry_services.upload_plugin_wheel(
+            team=team,
+            chunks=upload.chunks(),
+            filename=upload.name,
+            created_by=self.actor.user,
+        )
+        return self.answer(
+            s.PluginWheelOut, wheel, status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
 class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
-    queryset = ModelVersion.objects.select_related("model__team", "release", "materialization")
+    queryset = ModelVersion.objects.select_related(
+        "model__team", "release", "materialization"
+    ).prefetch_related("plugins")
     serializer_class = s.VersionOut
     filterset_class = filters.VersionFilter
     team_field = "model__team"

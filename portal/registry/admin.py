@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from portal.registry.display import engine_args_html, io_spec_html
-from portal.registry.models import Model, ModelVersion, PlatformRelease, VersionEvent
+from portal.registry.models import Model, ModelVersion, PlatformRelease, PluginWheel, VersionEvent
 from portal.registry.services import set_default_release
 
 
@@ -119,4 +119,26 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return io_spec_html(version.io_spec)
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(PluginWheel)
+class PluginWheelAdmin(admin.ModelAdmin):
+    """Read-only: wheels arrive by upload (the API), inspected; the admin only lists them."""
+
+    list_display = ["filename", "team", "name", "version", "size", "sha256", "created_at"]
+    list_filter = ["team"]
+    search_fields = ["filename", "name", "sha256"]
+    readonly_fields = [
+        "team", "sha256", "filename", "name", "version", "entry_points", "requires", "size",
+        "created_by", "created_at",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -108,6 +108,40 @@ class VersionState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class PluginWheel(models.Model):
+    """An author's plugin wheel, uploaded to a team and stored content-addressed in the model
+    cache (:mod:`portal.registry.plugins` inspected it without running it). Versions name it."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="plugin_wheels")
+    sha256 = models.CharField(max_length=64)
+    filename = models.CharField(max_length=255)
+    name = models.CharField(max_length=255, help_text="The distribution name in its METADATA.")
+    version = models.CharField(max_length=64)
+    #: ``{"vllm.general_plugins": {name: "module:attr"}, "vllm.logits_processors": {...}}``
+    entry_points = models.JSONField(default=dict)
+    #: Its Requires-Dist lines, as read.
+    requires = models.JSONField(default=list)
+    size = models.PositiveBigIntegerField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team_id", "name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "sha256"], name="pluginwheel_unique_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.filename} ({self.sha256[:12]})"
+
+    @property
+    def storage_path(self) -> str:
+        """Where its bytes lie, relative to ``MODEL_CACHE_ROOT``."""
+        return f"plugins/sha256/{self.sha256[:2]}/{self.sha256}.whl"
+
+
 class ModelVersion(models.Model):
     """One immutable-once-ready revision of a model: where its weights come from, how it is
     served (backend, engine arguments or I/O spec, API surface) and which release packages it."""
@@ -133,6 +167,9 @@ class ModelVersion(models.Model):
     package_digest = models.CharField(max_length=64, blank=True)
     package_manifest = models.JSONField(default=dict, blank=True)
     release = models.ForeignKey(PlatformRelease, on_delete=models.PROTECT, related_name="versions")
+    #: Uploaded plugin wheels the version ships (those under ``plugins/`` in its artifact are
+    #: found at packaging and recorded in the package manifest).
+    plugins = models.ManyToManyField(PluginWheel, blank=True, related_name="versions")
     state = models.CharField(
         max_length=16, choices=VersionState.choices, default=VersionState.REGISTERED
     )

@@ -23,6 +23,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from portal.registry.lifecycle import transition_version
 from portal.registry.models import Backend, ModelVersion, VersionState
+from portal.registry.plugins import (
+    PluginRefused,
+    PluginWheelInfo,
+    check_requirements,
+    clash_errors,
+    info_from_json,
+    info_from_row,
+    inspect_wheel,
+)
 from portal.registry.validation import (
     validate_engine_args,
     validate_io_spec,
@@ -95,23 +104,122 @@ def python_config(
     return config
 
 
+# --- plugin wheels ---------------------------------------------------------------------------
+
+#: The folder of a Triton model that holds its plugin wheels (Triton ignores non-numeric
+#: subdirectories of a model), and the one an artifact ships wheels in.
+PLUGINS_DIR = "plugins"
+
+
+@dataclass(frozen=True)
+class PackagedPlugin:
+    info: PluginWheelInfo
+    #: The wheel's bytes; None where only its description is needed (the version page).
+    data: bytes | None = None
+
+
+def collect_plugins(version: ModelVersion) -> list[PackagedPlugin]:
+    """The version's plugin wheels, read and checked: its uploaded ones (from the model cache's
+    store, their sha256 verified) and the wheels under ``plugins/`` in its artifact (inspected
+    here, as an upload is at registration). Refuses with the reason."""
+    if version.backend != Backend.VLLM:
+        if version.plugins.exists():
+            raise PackagingError("Plugins extend vLLM; a Python-backend version cannot ship them.")
+        return []  # a Python backend's artifact files are its own (model.py reads them)
+    found: list[PackagedPlugin] = []
+    for wheel in version.plugins.order_by("filename", "pk"):
+        path = settings.MODEL_CACHE_ROOT / wheel.storage_path
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise PackagingError(
+                f"Plugin {wheel.filename}: stored wheel unreadable ({exc})"
+            ) from exc
+        if hashlib.sha256(data).hexdigest() != wheel.sha256:
+            raise PackagingError(f"Plugin {wheel.filename}: stored wheel does not match its sha256")
+        info = info_from_row(wheel)
+        found.append(PackagedPlugin(info, data))
+    shipped = weights_dir(version) / PLUGINS_DIR
+    if shipped.is_dir():
+        for path in sorted(shipped.iterdir()):
+            if not path.is_file():
+                continue
+            try:
+                info = inspect_wheel(path)
+            except PluginRefused as exc:
+                raise PackagingError(f"plugin in the artifact refused: {exc}") from exc
+            found.append(PackagedPlugin(info, path.read_bytes()))
+    try:
+        for plugin in found:
+            check_requirements(plugin.info, version.release)
+    except PluginRefused as exc:
+        raise PackagingError(f"plugin refused: {exc}") from exc
+    files = [p.info.filename for p in found]
+    if duplicated := sorted({f for f in files if files.count(f) > 1}):
+        raise PackagingError(f"plugin wheels shipped twice: {', '.join(duplicated)}")
+    if errors := clash_errors([p.info for p in found]):
+        raise PackagingError("plugins clash: " + "; ".join(errors))
+    return sorted(found, key=lambda p: p.info.filename)
+
+
+def described_plugins(version: ModelVersion) -> list[PackagedPlugin]:
+    """A packaged version's plugins as its manifest lists them, without their bytes."""
+    return [PackagedPlugin(info_from_json(e)) for e in version.package_manifest.get("plugins", [])]
+
+
+def plugin_logits_processors(plugins: list[PackagedPlugin]) -> list[str]:
+    return [
+        plugin.info.logits_processors[name]
+        for plugin in plugins
+        for name in sorted(plugin.info.logits_processors)
+    ]
+
+
+def plugin_manifest(name: str, plugins: list[PackagedPlugin]) -> list[dict[str, Any]]:
+    """The manifest's ``plugins`` list: the contract the instance's start-up reads."""
+    return [
+        {
+            "file": f"{name}/{PLUGINS_DIR}/{p.info.filename}",
+            "sha256": p.info.sha256,
+            "size": p.info.size,
+            "name": p.info.name,
+            "version": p.info.version,
+            "general_plugins": dict(sorted(p.info.general_plugins.items())),
+            "logits_processors": dict(sorted(p.info.logits_processors.items())),
+        }
+        for p in plugins
+    ]
+
+
 # --- model repository -----------------------------------------------------------------------
 
 
-def repository_files(version: ModelVersion, *, gpus: bool = True) -> dict[str, bytes]:
-    """The Triton model repository for ``version``, as ``{relative path: content}``."""
+def repository_files(
+    version: ModelVersion, *, gpus: bool = True, plugins: list[PackagedPlugin] | None = None
+) -> dict[str, bytes]:
+    """The Triton model repository for ``version``, as ``{relative path: content}``, with its
+    plugin wheels at ``<name>/plugins/<wheel>`` (``plugins``: already collected ones)."""
     name, number = triton_model_name(version), version.number
     weights = str(weights_dir(version))
     try:
         if version.backend == Backend.VLLM:
             validate_engine_args(version.engine_args, version.release)
-            return vllm_repository_files(
-                name,
-                number,
-                weights,
-                version.engine_args,
-                tool_call_parser=version.tool_call_parser,
-            )
+            plugins = collect_plugins(version) if plugins is None else plugins
+            try:
+                files = vllm_repository_files(
+                    name,
+                    number,
+                    weights,
+                    version.engine_args,
+                    tool_call_parser=version.tool_call_parser,
+                    logits_processors=plugin_logits_processors(plugins),
+                )
+            except ValueError as exc:
+                raise PackagingError(str(exc)) from exc
+            for plugin in plugins:
+                if plugin.data is not None:
+                    files[f"{name}/{PLUGINS_DIR}/{plugin.info.filename}"] = plugin.data
+            return files
         validate_io_spec(version.io_spec)
         source = version.python_model or _model_py_from_artifact(version)
         validate_python_model(source)
@@ -134,9 +242,11 @@ def _model_py_from_artifact(version: ModelVersion) -> str:
     return path.read_text()
 
 
-def manifest_for(version: ModelVersion, files: dict[str, bytes]) -> dict[str, Any]:
+def manifest_for(
+    version: ModelVersion, files: dict[str, bytes], plugins: list[PackagedPlugin] | None = None
+) -> dict[str, Any]:
     release = version.release
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "model": triton_model_name(version),
         "version": version.number,
@@ -154,6 +264,9 @@ def manifest_for(version: ModelVersion, files: dict[str, bytes]) -> dict[str, An
         "created_at": version.created_at.isoformat(),
         "files": file_entries(files),
     }
+    if plugins:
+        manifest["plugins"] = plugin_manifest(triton_model_name(version), plugins)
+    return manifest
 
 
 # --- archive (the format itself lives with its reader, in serving.package) ---------------
@@ -181,8 +294,9 @@ def save_package(data: bytes) -> tuple[str, Path]:
 
 
 def build_package(version: ModelVersion) -> Package:
-    files = repository_files(version)
-    manifest = manifest_for(version, files)
+    plugins = collect_plugins(version)
+    files = repository_files(version, plugins=plugins)
+    manifest = manifest_for(version, files, plugins)
     digest, path = save_package(archive_bytes(files, manifest))
     return Package(digest=digest, path=path, manifest=manifest)
 

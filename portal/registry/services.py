@@ -5,8 +5,14 @@ Views, forms, admin and tasks call these; none of them writes registry rows dire
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
@@ -20,10 +26,19 @@ from portal.registry.models import (
     Model,
     ModelVersion,
     PlatformRelease,
+    PluginWheel,
     ToolCallParser,
     VersionState,
 )
+from portal.registry.plugins import (
+    PluginRefused,
+    clash_errors,
+    info_from_row,
+    inspect_wheel,
+    requirement_errors,
+)
 from portal.registry.validation import validate_artifact_uri, validate_version_spec
+from serving.package import takes_logits_processors
 
 EDITABLE_VERSION_STATES = (VersionState.REGISTERED, VersionState.FAILED)
 
@@ -72,12 +87,25 @@ def update_model(model: Model, *, description: str | None = None) -> Model:
 
 
 def check_version_spec(
-    *, release: PlatformRelease, tool_call_parser: str = ToolCallParser.HERMES, **spec: Any
+    *,
+    release: PlatformRelease,
+    tool_call_parser: str = ToolCallParser.HERMES,
+    plugins: list[PluginWheel] | None = None,
+    **spec: Any,
 ) -> None:
     """Everything registering would refuse about a version, every field at once, storing
     nothing. The web form also calls it when some of its fields did not even parse, so the
     others' errors show in the same answer (as the API's do)."""
     errors: dict[str, list[str]] = {}
+    if plugins:
+        problems = plugin_errors(
+            plugins,
+            backend=spec.get("backend", Backend.VLLM),
+            engine_args=spec.get("engine_args") or {},
+            release=release,
+        )
+        if problems:
+            errors["plugins"] = problems
     if tool_call_parser not in ToolCallParser.values:
         known = ", ".join(ToolCallParser.values)
         errors["tool_call_parser"] = [f"Unknown tool call format (known: {known})."]
@@ -123,12 +151,15 @@ def register_version(
     constraint_plugins: list[str] | None = None,
     python_model: str = "",
     tool_call_parser: str = ToolCallParser.HERMES,
+    plugins: Iterable[str | int] | None = None,
     created_by=None,
 ) -> ModelVersion:
     """Validate and store a new version with the next number, packaged against the default
     release. Materialization and packaging pick it up from the ``registered`` state. The API
-    surface defaults to the one the backend supports best (:func:`default_api_surface`)."""
+    surface defaults to the one the backend supports best (:func:`default_api_surface`).
+    ``plugins`` names uploaded plugin wheels of the model's team, by sha256 or id."""
     api_surface = api_surface or default_api_surface(backend)
+    wheels = team_plugin_wheels(model.team, plugins or [])
     engine_args = engine_args or {}
     io_spec = io_spec or {}
     constraint_plugins = constraint_plugins or []
@@ -143,6 +174,7 @@ def register_version(
         constraint_plugins=constraint_plugins,
         python_model=python_model,
         tool_call_parser=tool_call_parser,
+        plugins=wheels,
     )
     with transaction.atomic():
         locked = Model.objects.select_for_update().get(pk=model.pk)
@@ -163,6 +195,8 @@ def register_version(
             release=release,
             created_by=created_by,
         )
+        if wheels:
+            version.plugins.set(wheels)
         version_created(version)  # the cache copies its weights once this commits
     return version
 
@@ -214,3 +248,115 @@ def update_version(version: ModelVersion, **fields: Any) -> ModelVersion:
         )
         locked.save()
     return locked
+
+
+# --- plugin wheels ------------------------------------------------------------------------------
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def plugins_dir() -> Path:
+    return settings.MODEL_CACHE_ROOT / "plugins"
+
+
+def team_plugin_wheels(team: Team, refs: Iterable[str | int]) -> list[PluginWheel]:
+    """The team's uploaded wheels that ``refs`` name (sha256 or id), in order; an unknown one,
+    or another team's, is a ``plugins`` field error."""
+    found: list[PluginWheel] = []
+    errors = []
+    for ref in refs:
+        text = str(ref).strip().lower()
+        rows = PluginWheel.objects.filter(team=team)
+        if _SHA256.match(text):
+            wheel = rows.filter(sha256=text).first()
+        elif text.isdigit():
+            wheel = rows.filter(pk=int(text)).first()
+        else:
+            errors.append(f"{ref!r} is neither a plugin wheel's sha256 nor its id.")
+            continue
+        if wheel is None:
+            errors.append(f"No plugin wheel {ref!r} in team {team.slug}: upload it first.")
+        elif wheel in found:
+            errors.append(f"{wheel.filename} is named twice.")
+        else:
+            found.append(wheel)
+    if errors:
+        raise ValidationError({"plugins": errors})
+    return found
+
+
+def plugin_errors(
+    plugins: list[PluginWheel], *, backend: str, engine_args: dict[str, Any], release
+) -> list[str]:
+    """Why these uploaded wheels cannot ship with a version of this backend and release."""
+    if backend != Backend.VLLM:
+        return [
+            "Plugins extend vLLM; a Python-backend version runs your model.py, not vLLM. Ship "
+            "what model.py imports in its artifact instead."
+        ]
+    errors = []
+    infos = [info_from_row(w) for w in plugins]
+    for info in infos:
+        errors += [f"{info.filename}: {e}" for e in requirement_errors(info.requires, release)]
+    errors += clash_errors(infos)
+    if any(info.logits_processors for info in infos) and not takes_logits_processors(engine_args):
+        errors.append(
+            "vLLM refuses custom logits processors for pooling models and with speculative "
+            "decoding; the model would not load."
+        )
+    return errors
+
+
+def upload_plugin_wheel(
+    *, team: Team, chunks: Iterable[bytes], filename: str, created_by=None
+) -> tuple[PluginWheel, bool]:
+    """Store an uploaded wheel content-addressed under ``MODEL_CACHE_ROOT/plugins/`` (written
+    beside its place, fsynced, renamed in) once it was inspected; return its row and whether it
+    is new (the same bytes uploaded again by the team give the row they already have)."""
+    limit = settings.PLUGIN_WHEEL_MAX_BYTES
+    incoming = plugins_dir() / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=incoming, prefix=".upload-", suffix=".whl")
+    tmp = Path(tmp_name)
+    try:
+        size = 0
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise ValidationError(
+                        {"wheel": [f"{filename}: over the limit of {limit} bytes per wheel."]}
+                    )
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        release = PlatformRelease.objects.filter(is_default=True).first()
+        try:
+            info = inspect_wheel(tmp, filename=filename, release=release)
+        except PluginRefused as exc:
+            raise ValidationError({"wheel": [str(exc)]}) from exc
+        existing = PluginWheel.objects.filter(team=team, sha256=info.sha256).first()
+        if existing is not None:
+            return existing, False
+        wheel = PluginWheel(
+            team=team,
+            sha256=info.sha256,
+            filename=info.filename,
+            name=info.name,
+            version=info.version,
+            entry_points=info.entry_points,
+            requires=info.requires,
+            size=info.size,
+            created_by=created_by,
+        )
+        final = settings.MODEL_CACHE_ROOT / wheel.storage_path
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+        try:
+            with transaction.atomic():
+                wheel.save()
+        except IntegrityError:  # the same bytes uploaded twice at once: one row wins
+            return PluginWheel.objects.get(team=team, sha256=info.sha256), False
+        return wheel, True
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -16,7 +16,8 @@ from portal.core.errors import ApplicationError
 from portal.deployments.models import LIVE_STATES
 from portal.registry import services as registry_services
 from portal.registry.models import Backend, Model, ModelVersion, VersionState
-from portal.registry.packaging import PackagingError, repository_files
+from portal.registry.packaging import PackagingError, described_plugins, repository_files
+from portal.registry.plugins import version_plugins
 from portal.web import summaries
 from portal.web.forms import ModelForm, VersionForm, show_service_errors
 from portal.web.teams import TeamContext, remembered_team, team_context
@@ -197,7 +198,9 @@ def _package_files(version: ModelVersion) -> dict[str, str]:
     try:
         return {
             path: content.decode("utf-8", "replace")
-            for path, content in repository_files(version).items()
+            for path, content in repository_files(
+                version, plugins=described_plugins(version)
+            ).items()
             if not path.endswith(".py")
         }
     except PackagingError as exc:
@@ -223,6 +226,7 @@ def version_detail(request: HttpRequest, team: str, model: str, number: int) -> 
 def _version_live_context(version: ModelVersion) -> dict:
     return {
         "version": version,
+        "plugins": version_plugins(version),
         "not_deployable": registry_services.not_deployable_reason(version),
         "copy": getattr(version, "materialization", None),
         "events": version.events.order_by("-created_at", "-id")[:20],
