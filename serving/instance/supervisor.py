@@ -8,9 +8,13 @@ Steps, in this order, each logged as one JSON line with its duration (see
 :mod:`serving.instance.log`):
 
 1. ``unpack_package``: verify every checksum and unpack into ``<workdir>/repository``.
-2. ``install_plugins``: the logits processors the package's ``constraint_plugins`` stand for,
-   imported as vLLM will import them by the names model.json gives
-   (:mod:`serving.instance.plugins`).
+2. ``install_plugins``: the package's author plugin wheels (manifest ``plugins``) installed
+   afresh into ``<workdir>/plugins-site`` (``pip --no-deps --no-index --target``), then, in a
+   child process with the engine's environment, every general plugin loaded and called and every
+   logits processor (the author's and the platform's ``constraint_plugins``) loaded as vLLM
+   will; anything that does not load refuses the start (:mod:`serving.instance.plugins`). The
+   engine then gets ``PYTHONPATH`` led by that directory and ``VLLM_PLUGINS`` naming exactly
+   the declared general plugins.
 3. ``clean_metrics_dir``: remove stale ``.db`` files from the multiprocess directory
    (``--multiproc-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``, else ``<workdir>/prometheus``): values
    of a previous run must not be summed into this one's.
@@ -184,15 +188,19 @@ async def run(args: argparse.Namespace) -> int:
             return _stopped_during_startup("unpack_package")
         with step("install_plugins", exit_code=EXIT_REFUSED) as info:
             info["requested"] = manifest.get("constraint_plugins", [])
-            installed = await asyncio.to_thread(install_plugins, info["requested"])
-            info.update(logits_processors=installed.logits_processors, loaded=installed.loaded)
+            installed = await asyncio.to_thread(
+                install_plugins, manifest, repository, workdir, progress=info
+            )
+            info.update(installed.info())
         if stop.is_set():
             return _stopped_during_startup("install_plugins")
         with step("clean_metrics_dir") as info:
             info["path"] = str(multiproc)
             info["removed"] = await asyncio.to_thread(clean_multiproc_dir, multiproc)
         with step("start_engine") as info:
-            engine = engine_process(args, repository, manifest["model"], multiproc)
+            engine = engine_process(
+                args, repository, manifest["model"], multiproc, plugin_env=installed.env
+            )
             info.update(engine=args.engine, command=engine.command)
             started = await engine.start(args.ready_timeout, stop)
             info["pid"] = engine.pid
@@ -256,11 +264,18 @@ async def serve(
 
 
 def engine_process(
-    args: argparse.Namespace, repository: Path, model: str, multiproc: Path
+    args: argparse.Namespace,
+    repository: Path,
+    model: str,
+    multiproc: Path,
+    *,
+    plugin_env: dict[str, str] | None = None,
 ) -> EngineProcess:
     """The engine child for this package: one tritonserver command line, the chosen engine's
-    executable, and ``PROMETHEUS_MULTIPROC_DIR`` pointing at the directory just cleaned (vLLM
-    writes its metrics there, the front end reads them back)."""
+    executable, ``PROMETHEUS_MULTIPROC_DIR`` pointing at the directory just cleaned (vLLM
+    writes its metrics there, the front end reads them back), and what the plugin step adds to
+    the environment (``PYTHONPATH``, ``VLLM_PLUGINS``: :func:`plugins.plugin_environment`), the
+    same for either engine."""
     ports = resolve_ports(args.host, args.http_port, args.grpc_port, args.metrics_port)
     command = [
         *engine_executable(args.engine),
@@ -268,7 +283,7 @@ def engine_process(
             repository, model, host=args.host, ports=ports, drain_timeout=args.drain_timeout
         ),
     ]
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    env = {**os.environ, **(plugin_env or {}), "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
     return EngineProcess(
         command, env=env, ports=ports, address=local_address(args.host), model=model
     )

@@ -8,6 +8,7 @@ cannot be imported here (serving and its tests stay free of Django).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -227,3 +228,64 @@ def write_vllm_metrics(multiproc_dir: Path, *specs: dict[str, Any]) -> None:
         check=True,
         timeout=120,
     )
+
+
+def plugin_entry(
+    wheel: Path,
+    name: str,
+    *,
+    version: str = "1.0.0",
+    general_plugins: dict[str, str] | None = None,
+    logits_processors: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One author plugin for :func:`build_plugin_package`: its wheel and what the portal's
+    packager would read from it (``name``, ``version``, entry points by group)."""
+    return {
+        "wheel": wheel,
+        "name": name,
+        "version": version,
+        "general_plugins": dict(general_plugins or {}),
+        "logits_processors": dict(logits_processors or {}),
+    }
+
+
+def build_plugin_package(
+    path: Path,
+    weights: Path,
+    plugins: list[dict[str, Any]],
+    *,
+    name: str = "demo--tiny",
+    name_in_model_json: bool = True,
+    **manifest_overrides: Any,
+) -> Path:
+    """A package carrying author plugin wheels the way the portal's packager writes them: each
+    wheel at ``<name>/plugins/<wheel filename>`` (so in ``files`` with its sha256), the manifest's
+    ``plugins`` list, and each logits processor named in model.json after the platform's."""
+    files = repository_files(weights, name, max_num_seqs=4)
+    entries = []
+    for plugin in plugins:
+        wheel: Path = plugin["wheel"]
+        data = wheel.read_bytes()
+        member = f"{name}/plugins/{wheel.name}"
+        files[member] = data
+        entries.append(
+            {
+                "file": member,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "name": plugin["name"],
+                "version": plugin["version"],
+                "general_plugins": dict(sorted(plugin["general_plugins"].items())),
+                "logits_processors": dict(sorted(plugin["logits_processors"].items())),
+            }
+        )
+    if name_in_model_json:
+        key = f"{name}/1/model.json"
+        args = json.loads(files[key])
+        args["logits_processors"] += [
+            value for plugin in plugins for _, value in sorted(plugin["logits_processors"].items())
+        ]
+        files[key] = (json.dumps(args, sort_keys=True, indent=2) + "\n").encode()
+    meta = manifest(files, name, weights, plugins=entries, **manifest_overrides)
+    path.write_bytes(archive_bytes(files, meta))
+    return path
