@@ -30,7 +30,7 @@ from portal.deployments.models import (
     ObservedState,
 )
 from portal.deployments.services import update_deployment
-from portal.registry.models import PlatformRelease
+from portal.registry.models import PlatformRelease, PluginWheel
 from portal.registry.services import create_model, register_version
 from serving.gateway import keys as gateway_keys
 from tests.factories import make_deployment
@@ -133,6 +133,10 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         type(model): model,
         type(versions[0]): versions[0],
         Materialization: Materialization.objects.get(version=versions[0]),
+        PluginWheel: PluginWheel.objects.create(
+            team=team, sha256="a" * 64, filename="p-1.0-py3-none-any.whl", name="p",
+            version="1.0", size=1,
+        ),  # fmt: skip
     }
     assert set(admin.site._registry) == set(objects), "a registered model has no case here"
 

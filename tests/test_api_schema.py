@@ -27,6 +27,8 @@ EXPECTED_PATHS = {
     "/api/v1/models/": {"get", "post"},
     "/api/v1/models/{id}/": {"get", "patch"},
     "/api/v1/models/{id}/metrics/": {"get"},
+    "/api/v1/plugins/": {"get", "post"},
+    "/api/v1/plugins/{id}/": {"get"},
     "/api/v1/versions/": {"get", "post"},
     "/api/v1/versions/{id}/": {"get", "patch"},
     "/api/v1/versions/{id}/events/": {"get"},
@@ -186,7 +188,10 @@ def test_request_bodies_refuse_what_the_serializers_refuse(schema):
     for method, path, operation in operations(schema):
         if "requestBody" not in operation:
             continue
-        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        content = operation["requestBody"]["content"]
+        # JSON everywhere but the plugin wheel upload, which is multipart/form-data.
+        media = content.get("application/json") or content["multipart/form-data"]
+        ref = media["schema"]["$ref"]
         body = components[ref.rsplit("/", 1)[-1]]
         assert body["additionalProperties"] is False, (method, path)
     for name in ("DeploymentCreateInRequest", "PatchedDeploymentUpdateInRequest"):

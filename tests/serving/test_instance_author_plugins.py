@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from serving.constraints import LOGITS_PROCESSOR
 from serving.instance.plugins import SITE_DIR, prepare_plugins
 from serving.package import extract_package
-from tests import plugin_wheels
-from tests.plugin_wheels import build_example_wheels, make_wheel
+from tests.plugin_examples import example_wheels
+from tests.plugin_wheels import make_wheel
 from tests.serving.instance_helpers import (
     REPO_ROOT,
     Instance,
@@ -76,27 +74,6 @@ out["pristine_entry_points"] = [name(c) for c in _load_logitsprocs_plugins()]
 out["pristine_custom"] = [name(c) for c in _load_custom_logitsprocs(named)]
 print(json.dumps(out))
 """
-
-
-def _fixed_tiny_bigram(source: Path) -> bool:
-    """examples/plugins/tiny-bigram as committed reads ``AutoConfig._model_mapping``, which
-    transformers 5.x no longer has: register() raises AttributeError (and the instance rightly
-    refuses it). Until the example is fixed, the wheel is built from a copy registering with
-    ``exist_ok=True``; returns whether the copy needed that."""
-    init = source / "tiny-bigram" / "src" / "tiny_bigram" / "__init__.py"
-    text = init.read_text()
-    if "AutoConfig._model_mapping" not in text:
-        return False
-    text = text.replace(
-        "    if TinyBigramConfig.model_type not in AutoConfig._model_mapping._extra_content:\n"
-        "        AutoConfig.register(TinyBigramConfig.model_type, TinyBigramConfig)\n"
-        "        AutoModelForCausalLM.register(TinyBigramConfig, TinyBigramForCausalLM)\n",
-        "    AutoConfig.register(TinyBigramConfig.model_type, TinyBigramConfig, exist_ok=True)\n"
-        "    AutoModelForCausalLM.register(TinyBigramConfig, TinyBigramForCausalLM, exist_ok=True)\n",
-    )
-    assert "_model_mapping" not in text, "the example changed: update this stopgap"
-    init.write_text(text)
-    return True
 
 
 def _registering(name: str, arch: str) -> dict[str, str]:
@@ -200,15 +177,7 @@ def launched(tmp_path_factory):
     the check process's results for the others, ``"built"``: the example wheels."""
     root = tmp_path_factory.mktemp("author-plugins")
     weights = root / "weights"  # never loaded: the engine is a stand-in
-    examples = root / "examples"
-    shutil.copytree(plugin_wheels.EXAMPLES, examples)
-    _fixed_tiny_bigram(examples)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(plugin_wheels, "EXAMPLES", examples)
-    try:
-        built = build_example_wheels(root / "wheels")
-    finally:
-        mp.undo()
+    built = example_wheels()
     fake = root / "fake_engine.py"
     fake.write_text(FAKE_ENGINE)
 

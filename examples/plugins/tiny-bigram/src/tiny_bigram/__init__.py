@@ -20,18 +20,15 @@ ARCHITECTURE = "TinyBigramForCausalLM"
 
 def register() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from tiny_bigram.modeling import TinyBigramConfig, TinyBigramForCausalLM
 
-    if TinyBigramConfig.model_type not in CONFIG_MAPPING:
-        AutoConfig.register(TinyBigramConfig.model_type, TinyBigramConfig)
-        AutoModelForCausalLM.register(TinyBigramConfig, TinyBigramForCausalLM)
+    AutoConfig.register(TinyBigramConfig.model_type, TinyBigramConfig, exist_ok=True)
+    AutoModelForCausalLM.register(TinyBigramConfig, TinyBigramForCausalLM, exist_ok=True)
     try:
         from vllm import ModelRegistry
     except ImportError:  # an engine without vLLM (the platform's CPU engine) needs only the above
         return
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(
-            ARCHITECTURE, "vllm.model_executor.models.transformers:TransformersForCausalLM"
-        )
+    ModelRegistry.register_model(
+        ARCHITECTURE, "vllm.model_executor.models.transformers:TransformersForCausalLM"
+    )
