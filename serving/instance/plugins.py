@@ -97,16 +97,30 @@ class AuthorPlugin:
         ]
 
 
+NOT_LOADED = (
+    "vLLM is not installed: entry points only imported; general plugins not called, "
+    "logits processors' base class not checked"
+)
+#: The CPU engine applies the platform's constraints itself (serving.engine.constraints) and
+#: never loads the platform's vLLM processor: importing vLLM (seconds) to check it would check
+#: nothing that engine runs.
+CPU_ENGINE_PLATFORM_ONLY = (
+    "the CPU engine applies the platform's constraints natively: vLLM loads no plugin of this "
+    "package, so none was loaded here"
+)
+
+
 @dataclass
 class InstalledPlugins:
     logits_processors: list[str] = field(default_factory=list)  # what vLLM is given, in order
-    loaded: bool = True  # False: vLLM is not installed; names checked, entry points imported
+    loaded: bool = True  # False: not loaded by vLLM here; ``check`` in the info says why
     vllm: str | None = None  # the vLLM version that loaded them
     installed: list[str] = field(default_factory=list)  # "name==version" of each wheel
     general_plugins: list[str] = field(default_factory=list)  # entry point names
     registered: dict[str, list[str]] = field(default_factory=dict)  # plugin -> architectures
     site: str | None = None  # the directory the wheels went into
     env: dict[str, str] = field(default_factory=dict)  # what the engine's environment gains
+    not_loaded_because: str = NOT_LOADED
 
     def info(self) -> dict[str, Any]:
         """The step's fields in the start-up log."""
@@ -119,14 +133,8 @@ class InstalledPlugins:
             "logits_processors": self.logits_processors,
             "loaded": self.loaded,
             "vllm": self.vllm,
-            **({} if self.loaded else {"check": NOT_LOADED}),
+            **({} if self.loaded else {"check": self.not_loaded_because}),
         }
-
-
-NOT_LOADED = (
-    "vLLM is not installed: entry points only imported; general plugins not called, "
-    "logits processors' base class not checked"
-)
 
 
 # --- the manifest ------------------------------------------------------------------------------
@@ -402,11 +410,13 @@ def prepare_plugins(
     *,
     base_env: Mapping[str, str] | None = None,
     progress: dict[str, Any] | None = None,
+    engine: str = "tritonserver",
 ) -> tuple[InstalledPlugins, dict[str, Any] | None]:
     """Everything before the load check: the manifest's plugins checked, the wheels installed
     afresh into ``<workdir>/plugins-site`` and checked against it (metadata only), the engine's
     environment. Returns that and the check's spec (``None``: nothing to load, as where vLLM is
-    not installed and the package has no wheels). ``progress`` gets what was done so far."""
+    not installed, or the CPU ``engine`` serves a package without wheels). ``progress`` gets
+    what was done so far."""
     base = os.environ if base_env is None else base_env
     progress = {} if progress is None else progress
     named_platform = platform_processors(manifest.get("constraint_plugins", []))
@@ -437,6 +447,10 @@ def prepare_plugins(
         progress["entry_points_dropped"] = drop_named_entry_points(site, processors)
     installed.env = plugin_environment(base, site if plugins else None, installed.general_plugins)
     progress["vllm_plugins"] = installed.env["VLLM_PLUGINS"]
+    if not plugins and engine == "cpu":
+        installed.loaded = False  # the platform plugins are checked by name
+        installed.not_loaded_because = CPU_ENGINE_PLATFORM_ONLY
+        return installed, None
     if importlib.util.find_spec("vllm") is None and not plugins:
         installed.loaded = False  # nothing to import: the platform plugins are checked by name
         return installed, None
@@ -455,6 +469,7 @@ def install_plugins(
     *,
     base_env: Mapping[str, str] | None = None,
     progress: dict[str, Any] | None = None,
+    engine: str = "tritonserver",
 ) -> InstalledPlugins:
     """Install the package's author plugins and load them, and the platform plugins it names,
     as the engine will (:func:`prepare_plugins`, then :func:`run_check` with the engine's
@@ -462,7 +477,7 @@ def install_plugins(
     ``progress`` gets what was done so far (the step's log fields, also when it fails)."""
     base = os.environ if base_env is None else base_env
     installed, spec = prepare_plugins(
-        manifest, repository, workdir, base_env=base, progress=progress
+        manifest, repository, workdir, base_env=base, progress=progress, engine=engine
     )
     if spec is None:
         return installed

@@ -13,6 +13,7 @@ Steps, in this order, each logged as one JSON line with its duration (see
    child process with the engine's environment, every general plugin loaded and called and every
    logits processor (the author's and the platform's ``constraint_plugins``) loaded as vLLM
    will; anything that does not load refuses the start (:mod:`serving.instance.plugins`). The
+   CPU engine serving a package without wheels skips the load: it runs no vLLM plugin. The
    engine then gets ``PYTHONPATH`` led by that directory and ``VLLM_PLUGINS`` naming exactly
    the declared general plugins.
 3. ``clean_metrics_dir``: remove stale ``.db`` files from the multiprocess directory
@@ -189,7 +190,7 @@ async def run(args: argparse.Namespace) -> int:
         with step("install_plugins", exit_code=EXIT_REFUSED) as info:
             info["requested"] = manifest.get("constraint_plugins", [])
             installed = await asyncio.to_thread(
-                install_plugins, manifest, repository, workdir, progress=info
+                install_plugins, manifest, repository, workdir, progress=info, engine=args.engine
             )
             info.update(installed.info())
         if stop.is_set():

@@ -108,6 +108,25 @@ def test_without_vllm_platform_plugins_are_checked_not_imported(monkeypatch, tmp
         )
 
 
+def test_the_cpu_engine_without_wheels_loads_nothing_with_vllm(tmp_path):
+    """It applies the platform's constraints natively; vLLM would load nothing it runs."""
+    manifest, repository = unpacked(tmp_path, build_package(tmp_path / "p.tar", tmp_path / "w"))
+    installed, spec = prepare_plugins(manifest, repository, tmp_path / "work", engine="cpu")
+    assert spec is None and not installed.loaded
+    assert installed.info()["check"] == plugins.CPU_ENGINE_PLATFORM_ONLY
+    assert installed.logits_processors == [LOGITS_PROCESSOR]
+    with pytest.raises(PluginError, match="unknown plugin 'no-such-plugin'"):
+        prepare_plugins(
+            {**manifest, "constraint_plugins": ["no-such-plugin"]},
+            repository,
+            tmp_path,
+            engine="cpu",
+        )
+    # The same package for tritonserver is loaded by vLLM's loaders, which vLLM will run.
+    _, spec = prepare_plugins(manifest, repository, tmp_path / "work2")
+    assert spec is not None and spec["named_processors"] == [LOGITS_PROCESSOR]
+
+
 def test_without_vllm_entry_points_are_imported(monkeypatch, tmp_path):
     without_vllm(monkeypatch)
     manifest, repository = unpacked(tmp_path, hello_package(tmp_path))
