@@ -8,35 +8,26 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from serving.engine.core import Engine, load_engine
 from serving.engine.logits_processors import load_general_plugins
 from serving.engine.model import ModelLoadError
 from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.types import GenerateRequest, InvalidRequestError
-from tests.plugin_wheels import build_example_wheels
+from tests.plugin_examples import installed_examples, make_bigram_checkpoint
 
 PROCESSOR = "no_repeat_window:NoRepeatWindow"
 
 
 @pytest.fixture(scope="module")
-def plugin_path(tmp_path_factory) -> Iterator[Path]:
+def plugin_path() -> Iterator[Path]:
     """The example wheels installed as the instance installs them, first on ``sys.path``."""
-    root = tmp_path_factory.mktemp("author-plugins")
-    wheels = build_example_wheels(root / "wheels")
-    target = root / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
-         "--target", str(target), *map(str, wheels.values())],
-        check=True,
-    )  # fmt: skip
+    target = installed_examples()
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     yield target
@@ -46,25 +37,9 @@ def plugin_path(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def bigram_dir(plugin_path: Path, demo_model_dir: Path, tmp_path_factory) -> Path:
-    """A TinyBigramForCausalLM checkpoint with the demo model's tokenizer. Its embeddings are
-    unit vectors and its head is the embedding matrix, so each token's most likely successor
-    is itself: greedy output repeats one token unless a processor forbids it."""
-    from tiny_bigram import register
-    from tiny_bigram.modeling import TinyBigramConfig, TinyBigramForCausalLM
-    from transformers import AutoTokenizer
-
-    register()
-    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
-    torch.manual_seed(0)
-    model = TinyBigramForCausalLM(TinyBigramConfig(vocab_size=len(tokenizer), hidden_size=16))
-    with torch.no_grad():
-        unit = torch.nn.functional.normalize(torch.randn_like(model.embed.weight), dim=-1)
-        model.embed.weight.copy_(unit)
-        model.head.weight.copy_(unit)
-    out = tmp_path_factory.mktemp("tiny-bigram") / "weights"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return make_bigram_checkpoint(
+        tmp_path_factory.mktemp("tiny-bigram") / "weights", demo_model_dir
+    )
 
 
 def write_model_json(root: Path, weights: Path, **args) -> Path:
