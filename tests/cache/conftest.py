@@ -36,10 +36,7 @@ def s3(s3_endpoint, monkeypatch):
     client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     yield client
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-    client.delete_bucket(Bucket=BUCKET)
+    empty_bucket(client)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +58,10 @@ def seaweed(seaweed_server, monkeypatch):
     client = seaweed_server.client()
     client.create_bucket(Bucket=BUCKET)
     yield client
+    empty_bucket(client)
+
+
+def empty_bucket(client) -> None:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
         for obj in page.get("Contents", []):
             client.delete_object(Bucket=BUCKET, Key=obj["Key"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import random
 import signal
 import sys
 import threading
@@ -33,20 +32,16 @@ from portal.registry.models import ModelVersion, VersionState
 from portal.registry.packaging import weights_dir
 from portal.registry.services import retry_version
 from tests.cache.conftest import BUCKET
+from tests.cache.helpers import MiB, blob, tree_files, upload
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MiB = 1024 * 1024
 FS = "fs-0123456789abcdef0"
 DRA = "dra-0123456789abcdef0"
 TASK = "task-0123456789abcdef0"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FAKE_LFS = Path(__file__).with_name("fake_lfs.py")
-
-
-def blob(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
 
 
 class FsxWorld:
@@ -71,9 +66,7 @@ class FsxWorld:
         self.stubber = Stubber(self.client)
 
     def upload(self, prefix: str, files: dict[str, bytes]) -> str:
-        for name, data in files.items():
-            self.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data)
-        return f"s3://{BUCKET}/{prefix}"
+        return upload(self.s3, prefix, files)
 
     def import_objects(self, fs_path: str, prefix: str, files: dict[str, bytes]) -> Path:
         """FSx's side of an import: each object appears as a released file of its size."""
@@ -175,15 +168,6 @@ def world(tmp_path, s3, worker_cache, settings, monkeypatch):
     with w.stubber:
         yield w
         w.stubber.assert_no_pending_responses()
-
-
-def tree_files(version) -> dict[str, bytes]:
-    root = weights_dir(version)
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != ".materialized.json"
-    }
 
 
 def test_a_version_is_restored_by_the_file_system_and_published_as_in_copy_mode(

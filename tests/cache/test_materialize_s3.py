@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import signal
 import threading
 import time
@@ -21,31 +20,11 @@ from portal.cache.tasks import redrive_materializations
 from portal.registry.models import VersionState
 from portal.registry.packaging import weights_dir
 from tests.cache.conftest import BUCKET
+from tests.cache.helpers import MiB, blob, tree_files, upload
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.factories import make_model, make_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-MiB = 1024 * 1024
-
-
-def blob(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def upload(s3, prefix: str, files: dict[str, bytes], **extra) -> str:
-    for name, data in files.items():
-        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data, **extra)
-    return f"s3://{BUCKET}/{prefix}"
-
-
-def tree_files(version) -> dict[str, bytes]:
-    root = weights_dir(version)
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != ".materialized.json"
-    }
 
 
 @pytest.fixture
