@@ -134,9 +134,13 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         type(versions[0]): versions[0],
         Materialization: Materialization.objects.get(version=versions[0]),
         PluginWheel: PluginWheel.objects.create(
-            team=team, sha256="a" * 64, filename="p-1.0-py3-none-any.whl", name="p",
-            version="1.0", size=1,
-        ),  # fmt: skip
+            team=team,
+            sha256="a" * 64,
+            filename="p-1.0-py3-none-any.whl",
+            name="p",
+            version="1.0",
+            size=1,
+        ),
     }
     assert set(admin.site._registry) == set(objects), "a registered model has no case here"
 

@@ -50,7 +50,9 @@ def test_the_example_plugins_deploy_and_serve_with_per_request_arguments(
         "artifact_uri": f"file://{world.artifact_root / 'bigram'}",
         "plugins": uploaded,
     }
-    version = ModelVersion.objects.get(pk=ok(client.post("/api/v1/versions/", body, format="json"), 201)["id"])
+    version = ModelVersion.objects.get(
+        pk=ok(client.post("/api/v1/versions/", body, format="json"), 201)["id"]
+    )
 
     def ready():
         version.refresh_from_db()
