@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
 from portal.registry.lifecycle import transition_version
-from portal.registry.models import Backend, ModelVersion, VersionState
+from portal.registry.models import Backend, ModelVersion, PluginWheel, VersionState
 from portal.registry.plugins import (
     PluginRefused,
     PluginWheelInfo,
@@ -122,12 +122,13 @@ def collect_plugins(version: ModelVersion) -> list[PackagedPlugin]:
     """The version's plugin wheels, read and checked: its uploaded ones (from the model cache's
     store, their sha256 verified) and the wheels under ``plugins/`` in its artifact (inspected
     here, as an upload is at registration). Refuses with the reason."""
+    uploaded = version.plugins.all() if version.pk is not None else PluginWheel.objects.none()
     if version.backend != Backend.VLLM:
-        if version.plugins.exists():
+        if uploaded.exists():
             raise PackagingError("Plugins extend vLLM; a Python-backend version cannot ship them.")
         return []  # a Python backend's artifact files are its own (model.py reads them)
     found: list[PackagedPlugin] = []
-    for wheel in version.plugins.order_by("filename", "pk"):
+    for wheel in uploaded.order_by("filename", "pk"):
         path = settings.MODEL_CACHE_ROOT / wheel.storage_path
         try:
             data = path.read_bytes()
