@@ -328,8 +328,6 @@ def upload_plugin_wheel(
                         {"wheel": [f"{filename}: over the limit of {limit} bytes per wheel."]}
                     )
                 handle.write(chunk)
-            handle.flush()
-            os.fsync(handle.fileno())
         release = PlatformRelease.objects.filter(is_default=True).first()
         try:
             info = inspect_wheel(tmp, filename=filename, release=release)
@@ -351,6 +349,8 @@ def upload_plugin_wheel(
         )
         final = settings.MODEL_CACHE_ROOT / wheel.storage_path
         final.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("rb") as written:  # only a wheel that passed inspection is made durable
+            os.fsync(written.fileno())
         os.replace(tmp, final)
         try:
             with transaction.atomic():
