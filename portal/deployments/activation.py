@@ -18,7 +18,7 @@ from django.db import transaction
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
 from portal.deployments.lifecycle import record_event
-from portal.deployments.models import Deployment, EventKind, ObservedState
+from portal.deployments.models import Deployment, EventKind, ObservedState, gateway_prefixes
 from portal.deployments.tasks import schedule
 
 
@@ -54,19 +54,20 @@ def wake(deployment_id: int, why: str = "a request is held at the gateway") -> b
     return True
 
 
-def wake_key() -> str:
-    """The Redis hash of wakes the gateways asked for: deployment id → Unix time."""
-    return f"{settings.GATEWAY_REDIS_PREFIX}:wake"
+def wake_key(prefix: str | None = None) -> str:
+    """The Redis hash of wakes a region's gateways asked for: deployment id → Unix time."""
+    return f"{prefix or settings.GATEWAY_REDIS_PREFIX}:wake"
 
 
 def wake_requested() -> list[int]:
-    """Beat's backstop: wake every deployment a gateway asked for, and clear the requests.
-    Returns the ids woken."""
+    """Beat's backstop: wake every deployment a gateway (of any region) asked for, and clear
+    the requests. Returns the ids woken."""
     client = redis_client(decode_responses=True)
-    asked = client.hgetall(wake_key())
     woken = []
-    for raw_id in asked:
-        if raw_id.isdigit() and wake(int(raw_id)):
-            woken.append(int(raw_id))
-        client.hdel(wake_key(), raw_id)
+    for prefix in gateway_prefixes():
+        asked = client.hgetall(wake_key(prefix))
+        for raw_id in asked:
+            if raw_id.isdigit() and wake(int(raw_id)):
+                woken.append(int(raw_id))
+            client.hdel(wake_key(prefix), raw_id)
     return woken

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from portal.accounts.models import CallerKey, Team
 from portal.core.errors import ApplicationError
 from portal.core.redis_clients import redis_client
+from portal.deployments.models import gateway_prefixes
 from portal.registry.models import Model
 from serving.gateway import keys as gateway_keys
 
@@ -194,24 +195,30 @@ def team_limits() -> dict[str, gateway_keys.Limits]:
     }
 
 
-def keys_key() -> str:
-    return f"{settings.GATEWAY_REDIS_PREFIX}:keys"
+def keys_key(prefix: str | None = None) -> str:
+    return f"{prefix or settings.GATEWAY_REDIS_PREFIX}:keys"
 
 
 def publish_caller_keys() -> int:
-    """Publish the active keys and the teams' limits, built from the database; return the key
-    set's new generation. The lock makes the build and the write one step, so a publication
-    built before a revocation can never overwrite one built after it."""
+    """Publish the active keys and the teams' limits, built from the database, to every
+    region's gateways; return the key set's new generation at the platform's own prefix. The
+    lock makes the build and the write one step, so a publication built before a revocation
+    can never overwrite one built after it."""
     client = redis_client()
     with client.lock(PUBLISH_LOCK, timeout=PUBLISH_LOCK_SECONDS, blocking_timeout=10):
         text = gateway_keys.document(active_entries(), team_limits())
-        return gateway_keys.publish(client, text, prefix=settings.GATEWAY_REDIS_PREFIX)
+        generations = [
+            gateway_keys.publish(client, text, prefix=prefix) for prefix in gateway_prefixes()
+        ]
+        return generations[0]
 
 
 def republish_if_lost() -> bool:
-    """Publish when Redis holds no key set at all (it restarted without its data): until then
-    every gateway refuses every caller. One ``EXISTS`` when nothing is missing."""
-    if redis_client().exists(keys_key()):
+    """Publish when Redis holds no key set for some region's gateways (it restarted without
+    its data, or a region was just added): until then they refuse every caller. One
+    ``EXISTS`` per region when nothing is missing."""
+    prefixes = gateway_prefixes()
+    if redis_client().exists(*[keys_key(p) for p in prefixes]) == len(prefixes):
         return False
     publish_caller_keys()
     return True
@@ -224,16 +231,17 @@ def last_used(keys: Iterable[CallerKey]) -> dict[str, datetime]:
     prefixes = [key.prefix for key in keys]
     if not prefixes:
         return {}
+    latest: dict[str, float] = {}
     try:
-        times = redis_client().hmget(f"{settings.GATEWAY_REDIS_PREFIX}:key_last_used", prefixes)
+        for gateways in gateway_prefixes():  # each region's gateways record their own
+            times = redis_client().hmget(f"{gateways}:key_last_used", prefixes)
+            for prefix, at in zip(prefixes, times, strict=True):
+                if at is not None:
+                    latest[prefix] = max(latest.get(prefix, 0.0), float(at))
     except RedisError:
         log.warning("could not read the caller keys' last use from Redis", exc_info=True)
         return {}
-    return {
-        prefix: datetime.fromtimestamp(float(at), tz=UTC)
-        for prefix, at in zip(prefixes, times, strict=True)
-        if at is not None
-    }
+    return {prefix: datetime.fromtimestamp(at, tz=UTC) for prefix, at in latest.items()}
 
 
 # --- Signal receivers (connected in DeploymentsConfig.ready) -----------------------------------

@@ -93,6 +93,7 @@ def reconcile(deployment_id: int) -> float | None:
                 "previous_version__release",
                 "previous_version__model__team",
                 "instance_type",
+                "region",
             ).get(pk=deployment_id)
         except Deployment.DoesNotExist:
             return None
@@ -151,7 +152,7 @@ def _waiting(deployment: Deployment, message: str) -> float:
 
 
 def _start(deployment: Deployment, version: ModelVersion, count: int, why: str) -> None:
-    names = get_launcher().start(version_set(deployment, version), count)
+    names = get_launcher(deployment.region).start(version_set(deployment, version), count)
     instances.adopt(deployment, version, names)
     _note(
         deployment,
@@ -322,7 +323,7 @@ def _maybe_sleep(deployment: Deployment, view: View) -> bool:
     """Scale to zero when the policy allows and nothing has called for that long, and no
     request is in flight on any instance. Returns whether it went to sleep."""
     after = deployment.scale_to_zero_after_seconds
-    requests = get_launcher().last_requests() if after is not None else None
+    requests = get_launcher(deployment.region).last_requests() if after is not None else None
     if after is None or requests is None:
         return False  # (a launcher that cannot tell when a route was called never sleeps)
     idle = autoscaling.idle_for(_last_activity(deployment, view, requests), time.time())
@@ -547,7 +548,7 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
 
 
 def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
-    if not get_launcher().traffic_applied(deployment.step.generation):
+    if not get_launcher(deployment.region).traffic_applied(deployment.step.generation):
         return _waiting(deployment, "Waiting for the gateways to take the new traffic split.")
     _update(
         deployment,

@@ -83,7 +83,7 @@ class View:
 
 
 def sync(deployment: Deployment) -> View:
-    launcher = get_launcher()
+    launcher = get_launcher(deployment.region)
     rows = {r.name: r for r in _rows(deployment)}
     versions = {deployment.target_version.pk: deployment.target_version}
     if deployment.previous_version is not None:
@@ -153,7 +153,7 @@ def retire_all(view: View, why: str) -> bool:
 def stop_drained(deployment: Deployment, view: View, generation: int) -> None:
     """Stop the draining instances the launcher still runs as if serving, once the routing
     table that no longer lists them (``generation``) is applied everywhere."""
-    launcher = get_launcher()
+    launcher = get_launcher(deployment.region)
     pending: dict[int, list[Instance]] = {}
     # The view's rows are current: the step's own retirements marked them draining in place.
     for row in (r for r in view.rows if r.state == S.DRAINING):
@@ -177,7 +177,7 @@ def _rows(deployment: Deployment) -> list[Instance]:
 
 def _create(deployment: Deployment, version: ModelVersion, name: str) -> Instance:
     row, _ = Instance.objects.get_or_create(
-        launcher=get_launcher().kind,
+        launcher=get_launcher(deployment.region).kind,
         name=name,
         defaults={"deployment": deployment, "version": version, "state": S.PENDING},
     )

@@ -49,6 +49,8 @@ class IntBounds(Bounds):
 REPLICAS = IntBounds(min=1, max=64, default=1)
 #: How long each stage is watched before the next.
 BAKE_SECONDS = IntBounds(min=0, max=24 * 3600, default=60)
+#: How long a region that took a new version bakes before the next region's wave starts.
+WAVE_BAKE_SECONDS = IntBounds(min=0, max=24 * 3600, default=300)
 #: A new instance must pass its health check within this long of being started.
 HEALTH_DEADLINE_SECONDS = IntBounds(min=1, max=24 * 3600, default=600)
 #: The new version's share of failed requests during a bake above which it is rolled back.

@@ -90,7 +90,7 @@ def read_instance_log(
     # Imported here: the launchers import this module's formatter.
     from portal.deployments.launchers import get_launcher, version_set
 
-    launcher = get_launcher()
+    launcher = get_launcher(instance.deployment.region)
     if instance.launcher != launcher.kind:
         return LogChunk([], since or "", ended=True)
     the_set = version_set(instance.deployment, instance.version)

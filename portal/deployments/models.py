@@ -170,6 +170,109 @@ class InstanceType(models.Model):
             )
 
 
+class Region(models.Model):
+    """Where deployments run: an operator-defined place with its own launcher, gateways and
+    routing table (``portal.deployments.regions`` makes a launcher for one).
+
+    The embedded default is one region whose blank settings mean the platform's own
+    (``INSTANCE_LAUNCHER``, ``INSTANCE_RUN_ROOT``, ``GATEWAY_REDIS_PREFIX``, ``GATEWAY_URL``,
+    ``KUBERNETES_NAMESPACE``), so a single-region platform needs no region configured.
+    """
+
+    name = models.SlugField(max_length=40, unique=True, help_text="e.g. us-east-1.")
+    description = models.CharField(max_length=200, blank=True)
+    #: Deployments made without naming a region go here; exactly one region is the default.
+    is_default = models.BooleanField(default=False)
+    launcher = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="local, kubernetes, or the dotted path of a Launcher class; blank: the "
+        "platform's INSTANCE_LAUNCHER.",
+    )
+    run_directory = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Local launcher: where instances' run directories go; blank: "
+        "INSTANCE_RUN_ROOT (the default region) or INSTANCE_RUN_ROOT/regions/<name>.",
+    )
+    gateway_redis_prefix = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="The Redis prefix this region's gateways follow (python -m serving.gateway "
+        "--prefix); blank: GATEWAY_REDIS_PREFIX (the default region) or "
+        "<GATEWAY_REDIS_PREFIX>.<name>.",
+    )
+    gateway_url = models.URLField(
+        blank=True,
+        help_text="The base URL callers in this region use; blank: GATEWAY_URL.",
+    )
+    kubernetes_context = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Kubernetes launcher: the kubeconfig context of this region's cluster; "
+        "blank: in-cluster config or the current context.",
+    )
+    kubernetes_namespace = models.CharField(
+        max_length=63, blank=True, help_text="Blank: KUBERNETES_NAMESPACE."
+    )
+    #: The instance types this region offers; none listed: every active type.
+    instance_types = models.ManyToManyField(
+        InstanceType, blank=True, related_name="regions", help_text="None: every active type."
+    )
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-is_default", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="region_one_default",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def gateway_prefix(self) -> str:
+        if self.gateway_redis_prefix:
+            return self.gateway_redis_prefix
+        base = settings.GATEWAY_REDIS_PREFIX
+        return base if self.is_default else f"{base}.{self.name}"
+
+    @property
+    def public_gateway_url(self) -> str:
+        return (self.gateway_url or settings.GATEWAY_URL).rstrip("/")
+
+    def offers(self, instance_type: InstanceType) -> bool:
+        """Whether deployments here may use ``instance_type`` (none listed: every type)."""
+        listed = [t.pk for t in self.instance_types.all()]
+        return not listed or instance_type.pk in listed
+
+
+def default_region() -> Region:
+    """The region deployments go to when none is named (made on first use if missing)."""
+    region = Region.objects.filter(is_default=True).first()
+    if region is None:
+        region, _ = Region.objects.get_or_create(name="local", defaults={"is_default": True})
+    return region
+
+
+def default_region_id() -> int:
+    return default_region().pk
+
+
+def gateway_prefixes() -> list[str]:
+    """The Redis prefixes of every region's gateways, the platform's own first: caller keys
+    are published to each, and wakes and last uses read from each."""
+    prefixes = [settings.GATEWAY_REDIS_PREFIX]
+    for region in Region.objects.all():
+        if region.gateway_prefix not in prefixes:
+            prefixes.append(region.gateway_prefix)
+    return prefixes
+
+
 class Strategy(models.TextChoices):
     RED_BLACK = "red_black", "Red-Black (one endpoint, staged traffic shift)"
     VERSIONED = "versioned", "Versioned (one endpoint per version)"
@@ -250,6 +353,20 @@ class Deployment(models.Model):
     #: The autoscaler's memory: recent recommendations, sleep and wake, last decisions.
     scaling = ScalingStateField(default=ScalingState, blank=True)
     instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
+    #: Where it runs: the region's launcher starts its instances and its gateways route to them.
+    region = models.ForeignKey(
+        Region, on_delete=models.PROTECT, related_name="deployments", default=default_region_id
+    )
+    #: A region's part of a multi-region deployment (which rolls its regions out in waves),
+    #: and its place in the wave order (1 first); None for a deployment on its own.
+    multi_region = models.ForeignKey(
+        "MultiRegionDeployment",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="regional",
+    )
+    wave = models.PositiveSmallIntegerField(default=0)
     #: Percent of traffic on the new version after each stage; the last is always 100.
     stages = models.JSONField(default=default_stages)
     bake_seconds = models.PositiveIntegerField(default=limits.BAKE_SECONDS.default)
@@ -291,14 +408,14 @@ class Deployment(models.Model):
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["model"],
+                fields=["model", "region"],
                 condition=models.Q(strategy="red_black", observed_state__in=LIVE_STATES),
-                name="deployment_one_live_red_black_per_model",
+                name="deployment_one_live_red_black_per_model_region",
             ),
             models.UniqueConstraint(
-                fields=["model", "target_version"],
+                fields=["model", "target_version", "region"],
                 condition=models.Q(strategy="versioned", observed_state__in=LIVE_STATES),
-                name="deployment_one_live_versioned_per_version",
+                name="deployment_one_live_versioned_per_version_region",
             ),
             models.CheckConstraint(
                 condition=models.Q(replicas__gte=1), name="deployment_replicas_positive"
@@ -411,3 +528,106 @@ class DeploymentEvent(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label}: {self.message}"
+
+
+class OnRegionFailure(models.TextChoices):
+    """What a multi-region rollout does when its new version fails in one region (that region
+    always rolls itself back)."""
+
+    HALT = "halt", "Halt the wave: regions already moved keep the new version"
+    ROLL_BACK_ALL = "roll_back_all", "Roll back every region already moved"
+
+
+class WaveState(models.TextChoices):
+    """Where a multi-region rollout is, as the wave controller last saw it."""
+
+    PENDING = "pending", "Pending"
+    PROGRESSING = "progressing", "Progressing"
+    PAUSED = "paused", "Paused"
+    SERVING = "serving", "Serving"
+    #: The new version failed in a region and the policy is to halt: regions already moved keep
+    #: it, the rest keep the previous version, until someone rolls back or deploys again.
+    HALTED = "halted", "Halted"
+    ROLLING_BACK = "rolling_back", "Rolling back"
+    ABORTED = "aborted", "Aborted"
+    FAILED = "failed", "Failed"
+
+
+#: Wave states in which a multi-region deployment still has live regional deployments.
+LIVE_WAVE_STATES = (
+    WaveState.PENDING,
+    WaveState.PROGRESSING,
+    WaveState.PAUSED,
+    WaveState.SERVING,
+    WaveState.HALTED,
+    WaveState.ROLLING_BACK,
+)
+
+
+class WavePhase(models.TextChoices):
+    ROLLOUT = "rollout", "Rolling out in the wave's region"
+    BAKE = "bake", "Baking before the next wave"
+
+
+class MultiRegionDeployment(models.Model):
+    """A model served Red-Black in several regions, each a :class:`Deployment` of its own
+    (``regional``, ordered by ``wave``), rolled out to a new version region by region.
+
+    Each region's deployment runs its own stages and bakes under the rollout controller; the
+    wave controller (:mod:`portal.deployments.waves`) only decides when each region starts,
+    bakes between waves, and what a failure in one region does to the others. People act on
+    this record (pause, promote, abort, rollback); the regions' deployments follow.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="multi_region")
+    target_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    previous_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    on_region_failure = models.CharField(
+        max_length=16, choices=OnRegionFailure.choices, default=OnRegionFailure.ROLL_BACK_ALL
+    )
+    #: How long a region that took the new version must stay healthy before the next starts.
+    wave_bake_seconds = models.PositiveIntegerField(default=limits.WAVE_BAKE_SECONDS.default)
+    desired_state = models.CharField(
+        max_length=16, choices=DesiredState.choices, default=DesiredState.ACTIVE
+    )
+    promote_requested = models.BooleanField(default=False)
+    observed_state = models.CharField(
+        max_length=16, choices=WaveState.choices, default=WaveState.PENDING
+    )
+    #: The wave under way (1 is the first region); 0 before the first.
+    current_wave = models.PositiveSmallIntegerField(default=0)
+    wave_phase = models.CharField(max_length=16, choices=WavePhase.choices, blank=True)
+    #: Unix times, so a restarted worker picks the wave up where it was.
+    wave_started_at = models.FloatField(null=True, blank=True)
+    bake_started_at = models.FloatField(null=True, blank=True)
+    #: Promoted: the remaining regions roll out without stages' bakes or a bake between waves.
+    promoted = models.BooleanField(default=False)
+    #: Why the rollout is rolling back or halted, and in which region it failed.
+    reason = models.TextField(blank=True)
+    failed_region = models.CharField(max_length=40, blank=True)
+    status_message = models.TextField(blank=True)
+    last_reconciled_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model"],
+                condition=models.Q(observed_state__in=LIVE_WAVE_STATES),
+                name="multi_region_one_live_per_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} in {self.regional.count()} regions v{self.target_version.number}"
+
+    @property
+    def team_id(self) -> int:
+        return self.model.team_id

@@ -25,6 +25,9 @@ has one). :func:`publish` with no deployment, and a record missing, incomplete o
 deployment made into model instances); beat's ``publish_routes`` does so every minute, the
 backstop for a route whose deployment is no longer stepped.
 
+Each region has its own table (its gateways follow their own Redis prefix): a deployment's
+route is published in its region's table, under that region's record (:func:`_keys`).
+
 An instance is stopped only once a table without it is applied (:func:`.instances.stop_drained`).
 :func:`publish` answers for a deployment with the generation of the first table in which its
 route was what it is now (or, with no route, the latest table); every later table carries the
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,7 +62,9 @@ from portal.deployments.models import (
     Deployment,
     Instance,
     InstanceState,
+    Region,
     Strategy,
+    default_region,
 )
 from portal.registry.models import ModelVersion
 
@@ -76,6 +82,7 @@ ROUTES_KEY = "routing:routes"
 #: route decoded once serves every later table that still holds it.
 _decoded: dict[str, Route] = {}
 DECODED_MAX = 5_000  # about 3 kB each
+log = logging.getLogger(__name__)
 
 
 def route_path(deployment: Deployment) -> str:
@@ -88,12 +95,12 @@ def route_path(deployment: Deployment) -> str:
 
 
 def endpoint_url(deployment: Deployment) -> str:
-    """The deployment's one base URL (the local gateway's; a cluster's gateway maps the same
-    paths): the OpenAI client's ``base_url`` (the gateway takes ``chat/completions`` and the
+    """The deployment's one base URL, at its region's gateways (a cluster's gateway maps the
+    same paths): the OpenAI client's ``base_url`` (the gateway takes ``chat/completions`` and the
     other OpenAI routes right under it) and tritonclient's ``url`` (it adds ``v2/...``). A
     Versioned deployment's says its version: ``…/versions/2``. The form with ``/v1`` at the end,
     shown before, still works."""
-    return f"{settings.GATEWAY_URL}/models/{route_path(deployment)}"
+    return f"{deployment.region.public_gateway_url}/models/{route_path(deployment)}"
 
 
 def kserve_url(deployment: Deployment) -> str:
@@ -133,9 +140,31 @@ def call_endpoints(deployment: Deployment) -> CallEndpoints:
     )
 
 
-def routes() -> list[Route]:
-    """The whole table: every live deployment's route."""
-    return _routes(Deployment.objects.filter(observed_state__in=LIVE_STATES))
+@dataclass(frozen=True)
+class _Keys:
+    """Where one region's publication record, routes and lock live in Redis."""
+
+    published: str
+    routes: str
+    lock: str
+
+
+def _keys(region: Region) -> _Keys:
+    """The region's keys: those of the platform's own gateway prefix keep the names they had
+    before there were regions (the default region's table is where it always was)."""
+    prefix = region.gateway_prefix
+    if prefix == settings.GATEWAY_REDIS_PREFIX:
+        return _Keys(PUBLISHED_KEY, ROUTES_KEY, "routing:publish")
+    return _Keys(
+        f"routing:{prefix}:published", f"routing:{prefix}:routes", f"routing:{prefix}:publish"
+    )
+
+
+def routes(region: Region | None = None) -> list[Route]:
+    """The region's whole table (None: the default region's): its every live deployment's
+    route."""
+    region = region or default_region()
+    return _routes(Deployment.objects.filter(region=region, observed_state__in=LIVE_STATES))
 
 
 def route_of(deployment: Deployment, rows: Iterable[Instance] | None = None) -> Route | None:
@@ -225,14 +254,33 @@ def _route(
 
 
 def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | None = None) -> int:
-    """Bring the published table up to date with ``deployment``'s route (with every route when
-    None) and return a generation for ``traffic_applied``: for a deployment, that of the first
-    published table in which its route was what it is now. ``rows``: see :func:`route_of`.
+    """Bring the published table of ``deployment``'s region up to date with its route (with no
+    deployment: every region's table with every route, returning the default region's
+    generation) and return a generation for ``traffic_applied``: for a deployment, that of the
+    first published table in which its route was what it is now. ``rows``: see
+    :func:`route_of`.
 
     A table is published only when the deployment's route differs from what was last published
     for it: the recorded routes with its own replaced, not a table built from the database (see
     the module's docstring). A table equal to the last one published is not published again (its
     generation stands, so waiting for it is not reset by every step)."""
+    if deployment is not None:
+        return _publish(deployment.region, deployment, rows)
+    generation = 0
+    for region in Region.objects.all():
+        try:
+            published = _publish(region, None, None)
+        except Exception:  # one region's cluster down must not keep the others' tables stale
+            log.exception("publishing the routing table of region %s failed", region.name)
+            continue
+        if region.gateway_prefix == settings.GATEWAY_REDIS_PREFIX:
+            generation = published
+    return generation
+
+
+def _publish(region: Region, deployment: Deployment | None, rows: Iterable[Instance] | None) -> int:
+    """:func:`publish` in one region."""
+    keys = _keys(region)
     client = redis_client(decode_responses=True)
     mine: Route | None = None
     mine_dumped: str | None = None
@@ -241,13 +289,13 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
         mine_dumped = _dump(mine)
         fmt, latest, recorded = cast(
             list[str | None],  # decoded responses
-            client.hmget(PUBLISHED_KEY, ["format", "generation", f"route:{deployment.pk}"]),
+            client.hmget(keys.published, ["format", "generation", f"route:{deployment.pk}"]),
         )
         known = _published_for(fmt, latest, recorded, _digest(mine_dumped))
         if known is not None:
             return known
-    with client.lock("routing:publish", timeout=PUBLISH_LOCK_SECONDS, blocking_timeout=10):
-        last = cast(dict[str, str], client.hgetall(PUBLISHED_KEY))  # decoded responses
+    with client.lock(keys.lock, timeout=PUBLISH_LOCK_SECONDS, blocking_timeout=10):
+        last = cast(dict[str, str], client.hgetall(keys.published))  # decoded responses
         current = last.get("format") == FORMAT
         if deployment is not None:
             # A worker that held the lock meanwhile may have published this very route.
@@ -260,7 +308,9 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
             if known is not None:
                 return known
         listed = (
-            _recorded(client, last, deployment.pk) if deployment is not None and current else None
+            _recorded(client, keys.routes, last, deployment.pk)
+            if deployment is not None and current
+            else None
         )
         texts: dict[str, str] = {}  # the routes ROUTES_KEY lacks, by digest
         rebuilt = deployment is None or listed is None
@@ -271,7 +321,7 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
                 texts[mine_digest] = mine_dumped
         else:
             listed = {}
-            for route in routes():
+            for route in routes(region):
                 text = cast(str, _dump(route))
                 route_digest = cast(str, _digest(text))
                 listed[route.deployment_id] = (route_digest, route)
@@ -282,7 +332,7 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
         record: dict[str, str] = last
         changed = last.get("digest") != digest or not current
         if changed:
-            generation = get_launcher().set_traffic(table)
+            generation = get_launcher(region).set_traffic(table)
             record = {
                 "format": FORMAT,
                 "digest": digest,
@@ -298,16 +348,16 @@ def publish(deployment: Deployment | None = None, rows: Iterable[Instance] | Non
         if changed or rebuilt:
             with client.pipeline(transaction=True) as pipe:
                 if changed:
-                    pipe.delete(PUBLISHED_KEY)
-                    pipe.hset(PUBLISHED_KEY, mapping=cast(dict[Any, Any], record))
+                    pipe.delete(keys.published)
+                    pipe.hset(keys.published, mapping=cast(dict[Any, Any], record))
                 if rebuilt:  # ROUTES_KEY whole, whatever it held
-                    pipe.delete(ROUTES_KEY)
+                    pipe.delete(keys.routes)
                 else:
                     gone = _route_digests(last) - set(digests.values())
                     if gone:
-                        pipe.hdel(ROUTES_KEY, *gone)
+                        pipe.hdel(keys.routes, *gone)
                 if texts:
-                    pipe.hset(ROUTES_KEY, mapping=cast(dict[Any, Any], texts))
+                    pipe.hset(keys.routes, mapping=cast(dict[Any, Any], texts))
                 pipe.execute()
         for route_digest, route in listed.values():
             _decoded.setdefault(route_digest, route)
@@ -333,7 +383,7 @@ def _published_for(
 
 
 def _recorded(
-    client: Any, last: dict[str, str], deployment_id: int
+    client: Any, routes_key: str, last: dict[str, str], deployment_id: int
 ) -> dict[int, tuple[str, Route]] | None:
     """The routes of the table ``last`` records but the deployment's, by deployment id, each
     with its digest; None when ROUTES_KEY lacks one (then the table is built from the
@@ -349,7 +399,7 @@ def _recorded(
     known = {d: _decoded[d] for d in listed.values() if d in _decoded}
     missing = sorted(set(listed.values()) - set(known))
     if missing:
-        for route_digest, text in zip(missing, client.hmget(ROUTES_KEY, missing), strict=True):
+        for route_digest, text in zip(missing, client.hmget(routes_key, missing), strict=True):
             if text is None:
                 return None
             known[route_digest] = _load(text)

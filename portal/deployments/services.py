@@ -27,14 +27,20 @@ from portal.deployments.models import (
     Instance,
     InstanceState,
     InstanceType,
+    MultiRegionDeployment,
     ObservedState,
+    Region,
     Strategy,
+    WaveState,
+    default_region,
 )
 from portal.deployments.rollout_state import RolloutStep
 from portal.deployments.routing import route_path
 from portal.deployments.tasks import schedule
 from portal.registry.models import Model, ModelVersion, VersionState
 
+#: Who starts a region's rollout of a multi-region deployment.
+WAVES = Actor(label="controller:waves")
 #: What an update may change about how the next stages roll out.
 ROLLOUT_SETTINGS = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
 
@@ -92,6 +98,7 @@ def deploy(
     max_error_rate: float | None = None,
     allow_io_change: bool = False,
     scaling: dict[str, object] | None = None,
+    region: Region | None = None,
 ) -> Deployed:
     """Serve ``version`` of ``model`` with ``strategy``: the one thing both the deploy page and
     ``POST /api/v1/deployments/`` do, so the same request has the same outcome in both.
@@ -123,9 +130,11 @@ def deploy(
         "max_error_rate": max_error_rate,
     }
     limits.check_settings(replicas=replicas, **settings_given)
-    live = live_red_black(model) if strategy == Strategy.RED_BLACK else None
+    region = region or default_region()
+    live = live_red_black(model, region) if strategy == Strategy.RED_BLACK else None
     if live is None:
         deployment = create_deployment(
+            region=region,
             model=model,
             strategy=strategy,
             version=version,
@@ -140,6 +149,12 @@ def deploy(
             scaling=scaling,
         )
         return Deployed(deployment, created=True)
+    if live.multi_region_id is not None:
+        raise Conflict(
+            f"Deployment {live.pk} is {region}'s part of multi-region deployment "
+            f"{live.multi_region_id}: deploy a new version there, and it rolls out region by "
+            "region."
+        )
     if instance_type.pk != live.instance_type_id:
         raise ValidationError(
             {
@@ -184,14 +199,27 @@ def create_deployment(
     max_error_rate: float | None = None,
     allow_io_change: bool = False,
     scaling: dict[str, object] | None = None,
+    region: Region | None = None,
+    multi_region: MultiRegionDeployment | None = None,
+    wave: int = 0,
+    held: bool = False,
 ) -> Deployment:
-    """Create a deployment serving ``version`` (people deploy through :func:`deploy`). A
-    version not yet ready is waited for by the controller, and one whose weights were evicted
-    from the model cache is copied back first. Settings not given take the defaults of
-    :mod:`portal.deployments.limits`."""
+    """Create a deployment serving ``version`` in ``region`` (None: the default region; people
+    deploy through :func:`deploy`). A version not yet ready is waited for by the controller,
+    and one whose weights were evicted from the model cache is copied back first. Settings not
+    given take the defaults of :mod:`portal.deployments.limits`. ``multi_region`` and ``wave``
+    make it a region's part of a multi-region deployment; ``held`` keeps it from starting
+    (paused before its rollout) until its wave comes."""
     _check_version(model, version)
+    region = region or default_region()
     if not instance_type.is_active:
         raise ValidationError({"instance_type": [f"Instance type {instance_type} is retired."]})
+    if not region.is_active:
+        raise ValidationError({"region": [f"Region {region} is retired."]})
+    if not region.offers(instance_type):
+        raise ValidationError(
+            {"instance_type": [f"Region {region} does not offer instance type {instance_type}."]}
+        )
     check_instance_type(instance_type, version)
     policy = scaling_policy.resolve(
         current=None, current_replicas=None, replicas=replicas, given=scaling or {}, version=version
@@ -224,6 +252,10 @@ def create_deployment(
         health_deadline_seconds=health_deadline_seconds,
         max_error_rate=max_error_rate,
         allow_io_change=allow_io_change,
+        region=region,
+        multi_region=multi_region,
+        wave=wave,
+        desired_state=DesiredState.PAUSED if held else DesiredState.ACTIVE,
         created_by=actor.user,
     )
     try:
@@ -237,20 +269,27 @@ def create_deployment(
                 actor=actor,
                 kind=EventKind.CREATED,
                 message=f"Deploy v{version.number} with {deployment.get_strategy_display()}, "
-                f"{policy_words(deployment)} on {instance_type}.",
+                f"{policy_words(deployment)} on {instance_type} in {region}"
+                + (f" (wave {wave}, held until its wave starts)." if held else "."),
                 to_state=ObservedState.PENDING,
                 data={
                     "version": version.number,
                     "replicas": replicas,
                     "stages": stages,
+                    "region": region.name,
                     **({"scaling": policy} if policy != _fixed(replicas) else {}),
                 },
             )
     except IntegrityError as exc:
-        existing = Deployment.objects.filter(model=model, observed_state__in=LIVE_STATES)
+        existing = Deployment.objects.filter(
+            model=model, region=region, observed_state__in=LIVE_STATES
+        )
         if strategy == Strategy.RED_BLACK:
             existing = existing.filter(strategy=strategy)
-            why = "this model already has a live Red-Black deployment; change its version instead"
+            why = (
+                f"this model already has a live Red-Black deployment in {region}; change its "
+                "version instead"
+            )
         else:
             existing = existing.filter(strategy=strategy, target_version=version)
             why = f"version {version.number} already has a live Versioned deployment"
@@ -280,6 +319,8 @@ def update_deployment(
     unknown = set(rollout) - set(ROLLOUT_SETTINGS)
     if unknown:
         raise TypeError(f"unknown rollout settings: {sorted(unknown)}")
+    if version is not None and version.pk != deployment.target_version_id:
+        _refuse_regional(deployment, "change its version")
     limits.check_settings(replicas=replicas, **rollout)
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
@@ -305,6 +346,22 @@ def update_deployment(
     deployment.refresh_from_db()
     kick(deployment)
     return deployment
+
+
+def start_regional_rollout(
+    deployment: Deployment, version: ModelVersion, *, promote: bool = False
+) -> None:
+    """The wave controller's start of a region's rollout (:mod:`.waves`): what a person's
+    version change does, for a region's part of a multi-region deployment (whose interface
+    was checked for every region when the new version was asked for)."""
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        _start_new_rollout(locked, version, WAVES, allow_io_change=True)
+        if promote:
+            locked.promote_requested = True
+            locked.save(update_fields=["promote_requested", "updated_at"])
+    deployment.refresh_from_db()
+    kick(deployment)
 
 
 def _fixed(replicas: int) -> dict[str, object]:
@@ -386,6 +443,43 @@ def _apply_policy(
 def _start_new_rollout(
     deployment: Deployment, version: ModelVersion, actor: Actor, allow_io_change: bool
 ) -> None:
+    changed = _check_new_rollout(deployment, version, allow_io_change)
+    old = deployment.target_version
+    transition_deployment(
+        deployment,
+        ObservedState.PENDING,
+        reason=f"New rollout v{old.number} → v{version.number}."
+        + (f" Interface change allowed: {'; '.join(changed)}." if changed else ""),
+        actor=actor,
+        previous_version=old,
+        target_version=version,
+        current_stage=0,
+        promote_requested=False,
+        allow_io_change=allow_io_change,
+        step=RolloutStep(),
+        data={"from_version": old.number, "version": version.number},
+    )
+    prepare_for_deploy(version)
+
+
+def check_rollout(
+    regional: list[Deployment], version: ModelVersion, *, allow_io_change: bool
+) -> None:
+    """Refuse a multi-region rollout to ``version`` that any of its regions would refuse (the
+    version, the instance type, scale to zero, the interface, a region not at rest), before
+    anything moves anywhere."""
+    for deployment in regional:
+        try:
+            _check_new_rollout(deployment, version, allow_io_change)
+        except Conflict as exc:
+            raise Conflict(f"In {deployment.region}: {exc.message}") from exc
+
+
+def _check_new_rollout(
+    deployment: Deployment, version: ModelVersion, allow_io_change: bool
+) -> list[str]:
+    """Why ``deployment`` cannot roll to ``version`` now (raises), else the interface changes
+    it would make (allowed by ``allow_io_change``)."""
     if deployment.strategy != Strategy.RED_BLACK:
         raise ValidationError(
             {"version": ["A Versioned deployment serves one version; create a new deployment."]}
@@ -427,28 +521,26 @@ def _start_new_rollout(
                 ]
             }
         )
-    transition_deployment(
-        deployment,
-        ObservedState.PENDING,
-        reason=f"New rollout v{old.number} → v{version.number}."
-        + (f" Interface change allowed: {'; '.join(changed)}." if changed else ""),
-        actor=actor,
-        previous_version=old,
-        target_version=version,
-        current_stage=0,
-        promote_requested=False,
-        allow_io_change=allow_io_change,
-        step=RolloutStep(),
-        data={"from_version": old.number, "version": version.number},
-    )
-    prepare_for_deploy(version)
+    return changed
 
 
 def act(deployment: Deployment, action: Action, *, actor: Actor, reason: str = "") -> Deployment:
-    """Record a person's pause/resume/abort/promote/rollback and wake the controller for it."""
+    """Record a person's pause/resume/abort/promote/rollback and wake the controller for it.
+    A region's part of a multi-region deployment takes its actions from the wave controller:
+    people act on the whole rollout."""
+    _refuse_regional(deployment, f"{action} it")
     deployment = request_action(deployment, action, actor=actor, reason=reason)
     kick(deployment)
     return deployment
+
+
+def _refuse_regional(deployment: Deployment, what: str) -> None:
+    if deployment.multi_region_id is not None:
+        raise Conflict(
+            f"Cannot {what}: deployment {deployment.pk} is {deployment.region}'s part of "
+            f"multi-region deployment {deployment.multi_region_id}; act on the whole rollout "
+            "there."
+        )
 
 
 def kick(deployment: Deployment) -> None:
@@ -482,12 +574,15 @@ class Advice:
     interface_changes: list[str]
 
 
-def live_red_black(model: Model) -> Deployment | None:
-    """The model's live Red-Black deployment (there is at most one): what a new version of an
-    unchanged interface rolls onto."""
+def live_red_black(model: Model, region: Region | None = None) -> Deployment | None:
+    """The model's live Red-Black deployment in ``region`` (None: the default region; there is
+    at most one per region): what a new version of an unchanged interface rolls onto."""
     return (
         Deployment.objects.filter(
-            model=model, strategy=Strategy.RED_BLACK, observed_state__in=LIVE_STATES
+            model=model,
+            region=region or default_region(),
+            strategy=Strategy.RED_BLACK,
+            observed_state__in=LIVE_STATES,
         )
         .select_related("target_version", "instance_type")
         .first()
@@ -540,6 +635,19 @@ def watched_deployments() -> QuerySet[Deployment]:
     return Deployment.objects.filter(Q(observed_state__in=LIVE_STATES) | Q(pk__in=running))
 
 
+def rolling_multi_region() -> list[int]:
+    """Multi-region deployments whose wave controller has work: a rollout in flight, or an
+    action asked of one at rest."""
+    rolling = (WaveState.PENDING, WaveState.PROGRESSING, WaveState.PAUSED, WaveState.ROLLING_BACK)
+    return list(
+        MultiRegionDeployment.objects.filter(
+            Q(observed_state__in=rolling)
+            | Q(observed_state__in=(WaveState.SERVING, WaveState.HALTED))
+            & ~Q(desired_state=DesiredState.ACTIVE)
+        ).values_list("pk", flat=True)
+    )
+
+
 def stalled_deployments() -> list[int]:
     """Deployments the controller should be looking at and has not lately (its worker died)."""
     stale = timezone.now() - timedelta(seconds=settings.RECONCILE_STALE_SECONDS)
@@ -560,24 +668,31 @@ def waiting_for(version: ModelVersion) -> list[int]:
 
 def retire_idle_versioned() -> list[int]:
     """Retire Versioned deployments with no request for ``VERSIONED_IDLE_SECONDS``, never the
-    newest version a model serves Versioned. Returns the retired deployments' ids."""
-    seen = get_launcher().last_requests()
-    if seen is None:
-        return []  # this launcher cannot tell when a route was last called: retire nothing
+    newest version a model serves Versioned. Each region's gateways say when its routes were
+    last called. Returns the retired deployments' ids."""
+    seen_in: dict[int | None, dict[str, float] | None] = {
+        region.pk: get_launcher(region).last_requests() for region in Region.objects.all()
+    }
     idle_for = settings.VERSIONED_IDLE_SECONDS
     live = Deployment.objects.filter(
         strategy=Strategy.VERSIONED, observed_state__in=LIVE_STATES
     ).select_related("model__team", "target_version")
-    newest: dict[int, int] = {}
+    newest: dict[
+        tuple[int, int | None], int
+    ] = {}  # by (model, region): each region keeps its latest
     for deployment in live:
-        number = deployment.target_version.number
-        newest[deployment.model_id] = max(newest.get(deployment.model_id, 0), number)
+        where = (deployment.model_id, deployment.region_id)
+        newest[where] = max(newest.get(where, 0), deployment.target_version.number)
     retired = []
     for deployment in live:
         if deployment.observed_state != ObservedState.SERVING:
             continue
-        if deployment.target_version.number == newest[deployment.model_id]:
+        latest = newest[(deployment.model_id, deployment.region_id)]
+        if deployment.target_version.number == latest:
             continue  # the latest version is always kept
+        seen = seen_in.get(deployment.region_id)
+        if seen is None:
+            continue  # its launcher cannot tell when a route was last called: keep it
         serving_since = (
             deployment.events.filter(to_state=ObservedState.SERVING)
             .order_by("-created_at")
@@ -597,7 +712,7 @@ def retire_idle_versioned() -> list[int]:
         transition_deployment(
             deployment,
             ObservedState.RETIRED,
-            reason=f"No request for {idle_for} s and v{newest[deployment.model_id]} is newer: "
+            reason=f"No request for {idle_for} s and v{latest} is newer: "
             "retired by the Versioned clean-up.",
             traffic={},
         )

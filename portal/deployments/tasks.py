@@ -41,6 +41,28 @@ def reconcile_deployment(deployment_id: int) -> float | None:
     return delay
 
 
+def _waves_marker(group_id: int) -> str:
+    return f"reconcile:scheduled:waves:{group_id}"
+
+
+def schedule_waves(group_id: int, delay: float = 0.0) -> None:
+    """Have the wave controller look at a multi-region deployment in ``delay`` seconds, unless
+    a look is already due."""
+    if redis_client().set(_waves_marker(group_id), 1, nx=True, ex=int(delay) + 60):
+        reconcile_multi_region.apply_async((group_id,), countdown=delay)
+
+
+@shared_task(acks_late=True)
+def reconcile_multi_region(group_id: int) -> float | None:
+    from portal.deployments import waves
+
+    redis_client().delete(_waves_marker(group_id))
+    delay = waves.reconcile(group_id)
+    if delay is not None:
+        schedule_waves(group_id, delay)
+    return delay
+
+
 def wake_deployments_of(version: ModelVersion) -> None:
     """A version became ready or failed: deployments waiting for it need not wait for their
     next look (a hook of those states, registered in ``DeploymentsConfig.ready``)."""
@@ -67,6 +89,7 @@ def redrive_deployments() -> list[int]:
     caller: they are published again here, within seconds rather than at the next minute."""
     from portal.deployments import activation, caller_keys, services
     from portal.deployments.controller import lock_key
+    from portal.deployments.waves import lock_key as waves_lock_key
 
     caller_keys.republish_if_lost()
     activation.wake_requested()  # the backstop behind the gateways' wake_deployment tasks
@@ -83,6 +106,9 @@ def redrive_deployments() -> list[int]:
     orphaned = [pk for pk, found in zip(watched, looks, strict=True) if not found]
     for deployment_id in orphaned:
         schedule(deployment_id)  # a marker that appeared meanwhile makes this a no-op
+    for group_id in services.rolling_multi_region():
+        if not client.exists(_waves_marker(group_id), waves_lock_key(group_id)):
+            schedule_waves(group_id)
     return sorted({*stalled, *orphaned})
 
 

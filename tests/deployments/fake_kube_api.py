@@ -192,7 +192,7 @@ class FakeKubeApi:
 
         configuration = k8s.Configuration()
         configuration.host = self.url
-        return KubernetesLauncher(k8s.ApiClient(configuration))
+        return KubernetesLauncher(api_client=k8s.ApiClient(configuration))
 
 
 def status(code: int, reason: str) -> dict[str, Any]:

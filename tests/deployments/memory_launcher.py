@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from django.conf import settings
+
 from portal.deployments.autoscaling import InstanceLoad
 from portal.deployments.launchers.base import (
     LOG_CHUNK_LINES,
@@ -18,16 +20,24 @@ from portal.deployments.launchers.base import (
     LogChunk,
     LogCursorError,
     ObservedInstance,
+    RegionConfig,
     Route,
     VersionSet,
 )
 
 
 class MemoryLauncher(Launcher):
+    """One table of instances for every region (names never clash: they hold the deployment's
+    id); the routes and last requests of each region (by its gateway prefix) kept apart, those
+    of the platform's own prefix (the default region) in ``routes`` and ``requests``."""
+
     kind = "memory"
-    #: name → [set key, version number, health, message]
+    #: name → [set key, version number, health, message, region name]
     table: ClassVar[dict[str, list]] = {}
     routes: ClassVar[list[Route]] = []
+    #: Every region's last table, by region name ("" for a launcher made without a region).
+    routes_in: ClassVar[dict[str, list[Route]]] = {}
+    requests_in: ClassVar[dict[str, dict[str, float]]] = {}
     generation: ClassVar[int] = 0
     applied: ClassVar[int] = 0
     auto_apply: ClassVar[bool] = True
@@ -47,16 +57,28 @@ class MemoryLauncher(Launcher):
     @classmethod
     def reset(cls) -> None:
         cls.table, cls.routes, cls.stop_calls, cls.by_set, cls.requests = {}, [], [], {}, {}
+        cls.routes_in, cls.requests_in = {}, {}
         cls.logs, cls.loads, cls.with_metrics = {}, {}, False
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
+
+    def __init__(self, region: RegionConfig | None = None) -> None:
+        self.region = region.name if region is not None else ""
+        prefix = region.gateway_prefix if region is not None else settings.GATEWAY_REDIS_PREFIX
+        self.default_prefix = prefix == settings.GATEWAY_REDIS_PREFIX
 
     def start(self, version_set: VersionSet, count: int) -> list[str]:
         names = []
         for _ in range(count):
             MemoryLauncher.started += 1
             name = f"{version_set.key}-{MemoryLauncher.started}"
-            self.table[name] = [version_set.key, version_set.version, Health.STARTING, ""]
+            self.table[name] = [
+                version_set.key,
+                version_set.version,
+                Health.STARTING,
+                "",
+                self.region,
+            ]
             self.by_set.setdefault(version_set.key, []).append(name)
             names.append(name)
         return names
@@ -86,7 +108,9 @@ class MemoryLauncher(Launcher):
                 self.by_set[version_set.key].remove(name)
 
     def set_traffic(self, routes: list[Route]) -> int:
-        MemoryLauncher.routes = routes
+        MemoryLauncher.routes_in[self.region] = routes
+        if self.default_prefix:
+            MemoryLauncher.routes = routes
         MemoryLauncher.generation += 1
         if MemoryLauncher.auto_apply:
             MemoryLauncher.applied = MemoryLauncher.generation
@@ -96,7 +120,9 @@ class MemoryLauncher(Launcher):
         return MemoryLauncher.applied >= generation
 
     def last_requests(self) -> dict[str, float]:
-        return dict(MemoryLauncher.requests)
+        if self.default_prefix:
+            return dict(MemoryLauncher.requests)
+        return dict(MemoryLauncher.requests_in.get(self.region, {}))
 
     def read_log(
         self,
@@ -119,8 +145,13 @@ class MemoryLauncher(Launcher):
     # --- what the test does to the world ------------------------------------------------------
 
     @classmethod
-    def set_health(cls, version: int, health: Health, message: str = "") -> None:
+    def set_health(
+        cls, version: int, health: Health, message: str = "", region: str | None = None
+    ) -> None:
+        """Every starting or ready instance of ``version`` (in ``region`` only, if named)."""
         for entry in cls.table.values():
+            if region is not None and entry[4] != region:
+                continue
             if entry[1] == version and entry[2] in (Health.STARTING, Health.READY):
                 entry[2], entry[3] = health, message
 
@@ -131,13 +162,18 @@ class MemoryLauncher(Launcher):
                 entry[2] = Health.EXITED
 
     @classmethod
-    def count(cls, version: int, *healths: Health) -> int:
-        return sum(1 for e in cls.table.values() if e[1] == version and e[2] in healths)
+    def count(cls, version: int, *healths: Health, region: str | None = None) -> int:
+        return sum(
+            1
+            for e in cls.table.values()
+            if e[1] == version and e[2] in healths and region in (None, e[4])
+        )
 
     @classmethod
-    def split(cls) -> dict[str, tuple[int, int]]:
-        """The only route's shares: ``{"v1": (weight, ready instances)}``."""
-        [route] = cls.routes
+    def split(cls, region: str | None = None) -> dict[str, tuple[int, int]]:
+        """The only route's shares (of ``region``'s table, if named): ``{"v1": (weight,
+        ready instances)}``."""
+        [route] = cls.routes if region is None else cls.routes_in.get(region, [])
         return {f"v{s.version_set.version}": (s.weight, len(s.instances)) for s in route.shares}
 
     @classmethod

@@ -81,6 +81,21 @@ class VersionSet:
         return dns_label(self.team, self.model, f"v{self.version}", f"d{self.deployment_id}")
 
 
+@dataclass(frozen=True)
+class RegionConfig:
+    """What a launcher needs to know of the region it launches in (an operator's ``Region``,
+    with blanks already filled from the platform's settings)."""
+
+    name: str
+    #: Local launcher: where instances' run directories go.
+    run_root: Path
+    #: The Redis prefix of the routing table this region's gateways follow.
+    gateway_prefix: str
+    #: Kubernetes launcher: the kubeconfig context ("" for in-cluster or the current one).
+    kubernetes_context: str = ""
+    kubernetes_namespace: str = ""
+
+
 class Health(StrEnum):
     """What a launcher can see of one instance."""
 

@@ -36,6 +36,7 @@ from portal.deployments.launchers.base import (
     LogCursorError,
     LogUnavailable,
     ObservedInstance,
+    RegionConfig,
     Route,
     VersionSet,
 )
@@ -70,24 +71,37 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def _api_client(context: str) -> k8s.ApiClient:
+    """A client of the region's cluster: its kubeconfig ``context`` (each region its own
+    cluster), or, with none named, the cluster this runs in, else the current context."""
+    if context:
+        return k8s_config.new_client_from_config(context=context)
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()
+    return k8s.ApiClient()
+
+
 class KubernetesLauncher(Launcher):
     kind = "kubernetes"
 
-    def __init__(self, api_client: k8s.ApiClient | None = None) -> None:
+    def __init__(
+        self, region: RegionConfig | None = None, api_client: k8s.ApiClient | None = None
+    ) -> None:
         if api_client is None:
-            try:
-                k8s_config.load_incluster_config()
-            except k8s_config.ConfigException:
-                k8s_config.load_kube_config()
-            api_client = k8s.ApiClient()
+            api_client = _api_client(region.kubernetes_context if region else "")
         self.apps = k8s.AppsV1Api(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
-        self.namespace: str = settings.KUBERNETES_NAMESPACE
+        self.namespace: str = (
+            region.kubernetes_namespace if region else ""
+        ) or settings.KUBERNETES_NAMESPACE
         #: A Gateway API Gateway the cluster routes with; empty: the platform's own gateway
         #: Deployment routes, from the table this launcher publishes in Redis.
         self.gateway: str = settings.KUBERNETES_GATEWAY_NAME
-        self.platform_gateway = GatewayRoutes(redis_client(), settings.GATEWAY_REDIS_PREFIX)
+        prefix = region.gateway_prefix if region else settings.GATEWAY_REDIS_PREFIX
+        self.platform_gateway = GatewayRoutes(redis_client(), prefix)
 
     # --- instances ----------------------------------------------------------------------------
 

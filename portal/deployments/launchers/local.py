@@ -39,6 +39,7 @@ from portal.deployments.launchers.base import (
     LogChunk,
     LogCursorError,
     ObservedInstance,
+    RegionConfig,
     Route,
     VersionSet,
 )
@@ -63,9 +64,10 @@ HEALTH_TIMEOUT_SECONDS = 2.0
 class LocalLauncher(Launcher):
     kind = "local"
 
-    def __init__(self) -> None:
-        self.run_root: Path = settings.INSTANCE_RUN_ROOT
-        self.gateway = GatewayRoutes(redis_client(), settings.GATEWAY_REDIS_PREFIX)
+    def __init__(self, region: RegionConfig | None = None) -> None:
+        self.run_root: Path = region.run_root if region else settings.INSTANCE_RUN_ROOT
+        prefix = region.gateway_prefix if region else settings.GATEWAY_REDIS_PREFIX
+        self.gateway = GatewayRoutes(redis_client(), prefix)
 
     # --- instances ----------------------------------------------------------------------------
 
