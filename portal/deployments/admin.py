@@ -1,12 +1,14 @@
 from datetime import UTC, datetime
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from portal.accounts.models import CallerKey
 from portal.core.actors import Actor
-from portal.core.errors import InvalidTransition
+from portal.core.errors import Conflict
+from portal.deployments import multi_region
 from portal.deployments.caller_keys import (
     CallerKeyError,
     check_key,
@@ -14,8 +16,16 @@ from portal.deployments.caller_keys import (
     publish_after_commit,
     revoke_caller_keys,
 )
+from portal.deployments.launchers import region_config
 from portal.deployments.lifecycle import Action
-from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    Instance,
+    InstanceType,
+    MultiRegionDeployment,
+    Region,
+)
 from portal.deployments.services import act, policy_words
 from portal.deployments.status import describe, traffic_text
 from portal.registry.models import Backend
@@ -85,16 +95,105 @@ def _when(unix: float) -> str:
     return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+@admin.register(Region)
+class RegionAdmin(admin.ModelAdmin):
+    """Operators define regions here: where a region's instances run (its launcher and its
+    settings), the gateways that serve it and the instance types it offers."""
+
+    list_display = [
+        "name", "is_default", "launcher_used", "gateway_prefix", "public_gateway_url",
+        "is_active",
+    ]  # fmt: skip
+    list_filter = ["is_active"]
+    search_fields = ["name", "description"]
+    filter_horizontal = ["instance_types"]
+
+    @admin.display(description="launcher")
+    def launcher_used(self, region: Region) -> str:
+        config = region_config(region)
+        kind = region.launcher or f"{settings.INSTANCE_LAUNCHER} (the platform's)"
+        where = (
+            f"context {config.kubernetes_context or '(current)'}, namespace "
+            f"{config.kubernetes_namespace}"
+            if kind.startswith("kubernetes")
+            else f"run directory {config.run_root}"
+        )
+        return f"{kind}; {where}"
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A region that ever held a deployment is history (PROTECT keeps it); it is retired by
+        # unticking is_active instead.
+        return obj is None or not obj.deployments.exists()
+
+
+@admin.register(MultiRegionDeployment)
+class MultiRegionDeploymentAdmin(admin.ModelAdmin):
+    """Read-only like deployments: operators act on the whole rollout through the actions."""
+
+    list_display = [
+        "id", "model", "target_version", "observed_state", "current_wave", "wave_phase",
+        "on_region_failure", "status_message", "updated_at",
+    ]  # fmt: skip
+    list_filter = ["observed_state", "on_region_failure"]
+    search_fields = ["model__slug", "model__team__slug", "status_message"]
+    readonly_fields = [f.name for f in MultiRegionDeployment._meta.fields]
+    actions = ["request_pause", "request_resume", "request_promote", "request_abort",
+               "request_rollback"]  # fmt: skip
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def _request(self, request, queryset, what: Action) -> None:
+        actor = Actor.operator(request.user)
+        for group in queryset:
+            try:
+                multi_region.act(
+                    group, what, actor=actor, reason="requested by an operator in the admin"
+                )
+            except Conflict as exc:
+                self.message_user(request, f"Multi-region {group.pk}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"Multi-region {group.pk}: {what} requested.")
+
+    @admin.action(description="Pause the rollout (every region)")
+    def request_pause(self, request, queryset):
+        self._request(request, queryset, Action.PAUSE)
+
+    @admin.action(description="Resume a paused rollout")
+    def request_resume(self, request, queryset):
+        self._request(request, queryset, Action.RESUME)
+
+    @admin.action(description="Promote: every remaining region now, no bakes")
+    def request_promote(self, request, queryset):
+        self._request(request, queryset, Action.PROMOTE)
+
+    @admin.action(description="Roll every region back to the previous version")
+    def request_rollback(self, request, queryset):
+        self._request(request, queryset, Action.ROLLBACK)
+
+    @admin.action(description="Abort the rollout (every region back)")
+    def request_abort(self, request, queryset):
+        self._request(request, queryset, Action.ABORT)
+
+
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = [
-        "id", "model", "strategy", "target_version", "replicas", "policy", "instance_type",
-        "desired_state", "observed_state", "status", "traffic_split", "updated_at",
+        "id", "model", "region", "strategy", "target_version", "replicas", "policy",
+        "instance_type", "desired_state", "observed_state", "status", "traffic_split",
+        "updated_at",
     ]  # fmt: skip
-    list_filter = ["strategy", "observed_state", "desired_state", "instance_type"]
+    list_filter = ["strategy", "observed_state", "desired_state", "region", "instance_type"]
     search_fields = ["model__slug", "model__team__slug", "status_message"]
     readonly_fields = [
-        "model", "strategy", "target_version", "previous_version", "desired_state",
+        "model", "region", "multi_region", "wave", "strategy", "target_version",
+        "previous_version", "desired_state",
         "promote_requested", "observed_state", "status", "traffic_split", "status_message",
         "stages", "bake_seconds", "health_deadline_seconds", "max_error_rate",
         "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
@@ -114,7 +213,9 @@ class DeploymentAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .select_related("model__team", "target_version", "previous_version", "instance_type")
+            .select_related(
+                "model__team", "target_version", "previous_version", "instance_type", "region"
+            )
             .prefetch_related("instances")
         )
 
@@ -174,7 +275,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         for deployment in queryset:
             try:
                 act(deployment, what, actor=actor, reason="requested by an operator in the admin")
-            except InvalidTransition as exc:
+            except Conflict as exc:
                 self.message_user(request, f"Deployment {deployment.pk}: {exc}", messages.ERROR)
             else:
                 self.message_user(request, f"Deployment {deployment.pk}: {what} requested.")

@@ -245,6 +245,18 @@ class Region(models.Model):
     def public_gateway_url(self) -> str:
         return (self.gateway_url or settings.GATEWAY_URL).rstrip("/")
 
+    def clean(self) -> None:
+        """Two regions following one gateway prefix would publish over each other's table."""
+        for other in Region.objects.exclude(pk=self.pk):
+            if other.gateway_prefix == self.gateway_prefix:
+                raise ValidationError(
+                    {
+                        "gateway_redis_prefix": [
+                            f"Region {other} follows gateway prefix {self.gateway_prefix!r}."
+                        ]
+                    }
+                )
+
     def offers(self, instance_type: InstanceType) -> bool:
         """Whether deployments here may use ``instance_type`` (none listed: every type)."""
         listed = [t.pk for t in self.instance_types.all()]
