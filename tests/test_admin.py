@@ -27,7 +27,9 @@ from portal.deployments.models import (
     DesiredState,
     EventKind,
     Instance,
+    MultiRegionDeployment,
     ObservedState,
+    Region,
 )
 from portal.deployments.services import update_deployment
 from portal.registry.models import PlatformRelease, PluginWheel
@@ -128,6 +130,10 @@ def test_every_registered_model_has_working_changelist_and_change_pages(
         type(cpu_instance_type): cpu_instance_type,
         Deployment: deployment,
         DeploymentEvent: deployment.events.get(),
+        Region: deployment.region,
+        MultiRegionDeployment: MultiRegionDeployment.objects.create(
+            model=model, target_version=versions[0]
+        ),
         Instance: instance,
         PlatformRelease: versions[0].release,
         type(model): model,

@@ -25,6 +25,7 @@ from portal.deployments.models import (
     InstanceType,
     MultiRegionDeployment,
     Region,
+    RegionalCopy,
 )
 from portal.deployments.services import act, policy_words
 from portal.deployments.status import describe, traffic_text
@@ -95,6 +96,25 @@ def _when(unix: float) -> str:
     return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+class RegionalCopyInline(admin.TabularInline):
+    """The versions copied into the region's own model cache (written by the copy task)."""
+
+    model = RegionalCopy
+    fields = readonly_fields = (
+        "version",
+        "state",
+        "reason",
+        "bytes_copied",
+        "attempts",
+        "updated_at",
+    )
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Region)
 class RegionAdmin(admin.ModelAdmin):
     """Operators define regions here: where a region's instances run (its launcher and its
@@ -107,6 +127,7 @@ class RegionAdmin(admin.ModelAdmin):
     list_filter = ["is_active"]
     search_fields = ["name", "description"]
     filter_horizontal = ["instance_types"]
+    inlines = [RegionalCopyInline]
 
     @admin.display(description="launcher")
     def launcher_used(self, region: Region) -> str:

@@ -44,7 +44,7 @@ from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
-from portal.deployments import autoscaling, instances, routing
+from portal.deployments import autoscaling, instances, regional_cache, routing
 from portal.deployments.autoscaling import InstanceLoad, ScalingPolicy
 from portal.deployments.healing import RestartPolicy
 from portal.deployments.instances import View
@@ -452,6 +452,15 @@ def _pending(deployment: Deployment, plan: RolloutPlan, view: View) -> float | N
         return 0.0
     if target.state != VersionState.READY:
         return _waiting(deployment, f"Waiting for v{target.number} to be ready ({target.state}).")
+    try:
+        copying = regional_cache.waiting_for(deployment.region, target)
+    except regional_cache.CopyFailed as exc:
+        if plan.fallback is not None:
+            return _begin_rollback(deployment, plan, str(exc))
+        transition_deployment(deployment, D.FAILED, reason=f"{str(exc)[0].upper()}{str(exc)[1:]}.")
+        return 0.0
+    if copying is not None:
+        return _waiting(deployment, copying)
     if deployment.desired_state == DesiredState.PAUSED:
         return _waiting(deployment, "Paused before the rollout started.")
     transition_deployment(

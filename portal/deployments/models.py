@@ -215,6 +215,14 @@ class Region(models.Model):
     kubernetes_namespace = models.CharField(
         max_length=63, blank=True, help_text="Blank: KUBERNETES_NAMESPACE."
     )
+    model_cache_root = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Where the platform's workers reach this region's own model cache (e.g. its "
+        "FSx file system mounted on them); its instances see it at MODEL_CACHE_ROOT. A version "
+        "is copied there before it rolls out in the region. Blank: the region shares the "
+        "platform's cache.",
+    )
     #: The instance types this region offers; none listed: every active type.
     instance_types = models.ManyToManyField(
         InstanceType, blank=True, related_name="regions", help_text="None: every active type."
@@ -272,7 +280,10 @@ def default_region() -> Region:
 
 
 def default_region_id() -> int:
-    return default_region().pk
+    """The default region's id, reading that column alone: a migration that fills the
+    ``region`` of existing rows calls this while later columns may not exist yet."""
+    found = Region.objects.filter(is_default=True).values_list("pk", flat=True).first()
+    return found if found is not None else default_region().pk
 
 
 def gateway_prefixes() -> list[str]:
@@ -283,6 +294,36 @@ def gateway_prefixes() -> list[str]:
         if region.gateway_prefix not in prefixes:
             prefixes.append(region.gateway_prefix)
     return prefixes
+
+
+class RegionalCopyState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    COPYING = "copying", "Copying"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+
+
+class RegionalCopy(models.Model):
+    """A ready version's files (its package and its weights) copied from the platform's model
+    cache into a region's own (:mod:`portal.deployments.regional_cache`)."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="copies")
+    state = models.CharField(
+        max_length=16, choices=RegionalCopyState.choices, default=RegionalCopyState.PENDING
+    )
+    reason = models.TextField(blank=True)
+    bytes_copied = models.BigIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["version", "region"], name="regional_copy_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} in {self.region}: {self.state}"
 
 
 class Strategy(models.TextChoices):

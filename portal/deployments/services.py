@@ -15,7 +15,7 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import limits, quotas, scaling_policy
+from portal.deployments import limits, quotas, regional_cache, scaling_policy
 from portal.deployments.autoscaling import METRIC_WORDS, ScaleMetric
 from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
@@ -296,6 +296,7 @@ def create_deployment(
         first = existing.first()
         raise Conflict(f"Cannot deploy: {why} (deployment {first.pk if first else '?'}).") from exc
     prepare_for_deploy(version)  # only once the deploy is accepted
+    regional_cache.prepare(region, version)
     kick(deployment)
     return deployment
 
@@ -460,6 +461,7 @@ def _start_new_rollout(
         data={"from_version": old.number, "version": version.number},
     )
     prepare_for_deploy(version)
+    regional_cache.prepare(deployment.region, version)
 
 
 def check_rollout(
@@ -662,6 +664,16 @@ def waiting_for(version: ModelVersion) -> list[int]:
     return list(
         Deployment.objects.filter(
             target_version=version, observed_state=ObservedState.PENDING
+        ).values_list("pk", flat=True)
+    )
+
+
+def waiting_in_region(version_id: int, region_id: int) -> list[int]:
+    return list(
+        Deployment.objects.filter(
+            target_version_id=version_id,
+            region_id=region_id,
+            observed_state=ObservedState.PENDING,
         ).values_list("pk", flat=True)
     )
 

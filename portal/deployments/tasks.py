@@ -81,6 +81,18 @@ def wake_deployment(deployment_id: int) -> bool:
     return activation.wake(deployment_id)
 
 
+@shared_task(acks_late=True)
+def copy_to_region(version_id: int, region_id: int) -> str:
+    """Copy a version's files into a region's own model cache (:mod:`.regional_cache`), then
+    have that region's deployments waiting for them look again."""
+    from portal.deployments import regional_cache, services
+
+    state = regional_cache.copy(version_id, region_id)
+    for deployment_id in services.waiting_in_region(version_id, region_id):
+        schedule(deployment_id)
+    return state
+
+
 @shared_task
 def redrive_deployments() -> list[int]:
     """Beat: restart the controller for every deployment not looked at recently, or that no

@@ -12,10 +12,11 @@ from pathlib import Path
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from portal.deployments import regional_cache
 from portal.deployments.launchers.base import Launcher, RegionConfig, Shape, VersionSet
 from portal.deployments.models import Deployment, Region
 from portal.registry.models import ModelVersion
-from portal.registry.packaging import packages_dir, triton_model_name, weights_dir
+from portal.registry.packaging import triton_model_name, weights_dir
 
 LAUNCHERS = {
     "local": "portal.deployments.launchers.local.LocalLauncher",
@@ -70,7 +71,7 @@ def version_set(deployment: Deployment, version: ModelVersion) -> VersionSet:
         model=model.slug,
         version=version.number,
         served_model_name=triton_model_name(version),
-        package_path=packages_dir() / f"{version.package_digest}.tar",
+        package_path=regional_cache.package_path(deployment.region, version),
         package_digest=version.package_digest,
         weights_dir=weights_dir(version),
         shape=Shape(

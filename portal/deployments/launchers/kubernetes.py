@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import kube_config
 
 from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import k8s_objects as objects
@@ -71,11 +73,20 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
+#: One client per (kubeconfig, context) in a process: a launcher is made several times per
+#: controller step, and a kubeconfig may log in through a command (EKS's ``aws eks
+#: get-token``) that should not run each time; the client refreshes its own credentials.
+_context_clients: dict[tuple[str, str], k8s.ApiClient] = {}
+
+
 def _api_client(context: str) -> k8s.ApiClient:
     """A client of the region's cluster: its kubeconfig ``context`` (each region its own
     cluster), or, with none named, the cluster this runs in, else the current context."""
     if context:
-        return k8s_config.new_client_from_config(context=context)
+        key = (os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION), context)
+        if key not in _context_clients:
+            _context_clients[key] = k8s_config.new_client_from_config(context=context)
+        return _context_clients[key]
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
