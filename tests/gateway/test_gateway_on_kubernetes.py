@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import Health, Route, TrafficShare
+from portal.deployments.models import Region
 from tests.conftest import stop_process_group
 from tests.deployments.fake_kube_api import FakeKubeApi
 from tests.deployments.rollout_helpers import start_gateway, wait_for
@@ -131,6 +132,18 @@ def test_the_manifest_command_prints_applyable_yaml(capsys):
         valid(document)
     with pytest.raises(CommandError, match="at least 2"):
         call_command("gateway_manifests", "--replicas", "1")
+
+
+def test_a_regions_gateways_follow_its_table_in_its_namespace(capsys, db):
+    Region.objects.create(name="eu-west", kubernetes_namespace="serving-eu")
+    call_command("gateway_manifests", "--region", "eu-west")
+    deployment, *_ = yaml.safe_load_all(capsys.readouterr().out)
+    assert deployment["metadata"]["namespace"] == "serving-eu"
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--prefix") + 1] == "gateway.eu-west"
+    valid(deployment)
+    with pytest.raises(CommandError, match="No region 'mars'"):
+        call_command("gateway_manifests", "--region", "mars")
 
 
 def test_gateway_api_mode_still_writes_weighted_routes(api, settings, clean_redis):

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from portal.deployments.launchers.k8s_objects import gateway_objects
+from portal.deployments.models import Region
 
 
 class Command(BaseCommand):
@@ -29,18 +30,35 @@ class Command(BaseCommand):
             help="a Secret whose key 'url' is the platform's REDIS_URL",
         )
         parser.add_argument("--drain-seconds", type=int, default=30)
+        parser.add_argument(
+            "--region",
+            help="the region whose gateways these are: they follow its routing table (its "
+            "gateway prefix) and run in its namespace unless --namespace is given; apply them "
+            "to that region's cluster (kubectl --context)",
+        )
 
-    def handle(self, *args, image, replicas, namespace, redis_secret, drain_seconds, **options):
+    def handle(
+        self, *args, image, replicas, namespace, redis_secret, drain_seconds, region, **options
+    ):
         if replicas < 2:
             raise CommandError(
                 "--replicas must be at least 2: one pod is a single point of failure."
             )
+        prefix = settings.GATEWAY_REDIS_PREFIX
+        if region is not None:
+            found = Region.objects.filter(name=region).first()
+            if found is None:
+                names = ", ".join(Region.objects.values_list("name", flat=True))
+                raise CommandError(f"No region {region!r}; the regions are: {names}.")
+            prefix = found.gateway_prefix
+            if namespace == settings.KUBERNETES_NAMESPACE and found.kubernetes_namespace:
+                namespace = found.kubernetes_namespace
         objects = gateway_objects(
             namespace=namespace,
             image=image,
             replicas=replicas,
             redis_secret=redis_secret,
-            redis_prefix=settings.GATEWAY_REDIS_PREFIX,
+            redis_prefix=prefix,
             drain_seconds=drain_seconds,
         )
         self.stdout.write(yaml.safe_dump_all(objects, sort_keys=False), ending="")
