@@ -10,12 +10,21 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from portal.deployments.launchers import region_config
 from portal.deployments.launchers.local import LocalLauncher
+from portal.deployments.models import Region
 
 
 class Command(BaseCommand):
-    help = "Stop every local serving instance (they drain first)."
+    help = "Stop every local serving instance, in every region's run directory (they drain first)."
 
     def handle(self, *args, **options):
-        stopped = LocalLauncher().stop_all(settings.INSTANCE_DRAIN_SECONDS)
+        configs = {config.run_root: config for config in [region_config(None)]}
+        for region in Region.objects.all():
+            if (region.launcher or settings.INSTANCE_LAUNCHER) == "local":
+                config = region_config(region)
+                configs.setdefault(config.run_root, config)
+        stopped = []
+        for config in configs.values():
+            stopped += LocalLauncher(config).stop_all(settings.INSTANCE_DRAIN_SECONDS)
         self.stdout.write(f"Stopped {len(stopped)} local instance(s).")
