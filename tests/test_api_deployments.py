@@ -94,6 +94,9 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
     assert {k: v for k, v in created.items() if k not in ("id", "created_at", "updated_at")} == {
         "model": model.pk,
         "team": "search",
+        "region": "local",  # the default region, made on first use
+        "multi_region": None,
+        "wave": 0,
         "strategy": "red_black",
         "target_version": 1,
         "target_version_id": v1.pk,
@@ -154,7 +157,7 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
     }
     [event] = events_of(deployment)
     assert (event.kind, event.actor_label, event.to_state) == ("created", label, "pending")
-    assert event.data == {"version": 1, "replicas": 2, "stages": [25, 100]}
+    assert event.data == {"version": 1, "replicas": 2, "stages": [25, 100], "region": "local"}
 
     assert [d["id"] for d in ok(client.get(DEPLOYMENTS))["results"]] == [deployment.pk]
     assert ok(client.get(f"{DEPLOYMENTS}{deployment.pk}/")) == created

@@ -22,6 +22,8 @@ EXPECTED_PATHS = {
     "/api/v1/teams/{slug}/": {"get"},
     "/api/v1/releases/": {"get"},
     "/api/v1/releases/{id}/": {"get"},
+    "/api/v1/regions/": {"get"},
+    "/api/v1/regions/{name}/": {"get"},
     "/api/v1/instance-types/": {"get"},
     "/api/v1/instance-types/{name}/": {"get"},
     "/api/v1/models/": {"get", "post"},
@@ -39,6 +41,12 @@ EXPECTED_PATHS = {
     "/api/v1/deployments/{id}/metrics/": {"get"},
     **{
         f"/api/v1/deployments/{{id}}/{action}/": {"post"}
+        for action in ("pause", "resume", "abort", "promote", "rollback")
+    },
+    "/api/v1/multi-region-deployments/": {"get", "post"},
+    "/api/v1/multi-region-deployments/{id}/": {"get", "patch"},
+    **{
+        f"/api/v1/multi-region-deployments/{{id}}/{action}/": {"post"}
         for action in ("pause", "resume", "abort", "promote", "rollback")
     },
     "/api/v1/events/": {"get"},
@@ -137,6 +145,12 @@ CONFLICTS = {
     ("patch", "/api/v1/deployments/{id}/"),
     *(
         ("post", f"/api/v1/deployments/{{id}}/{action}/")
+        for action in ("pause", "resume", "abort", "promote", "rollback")
+    ),
+    ("post", "/api/v1/multi-region-deployments/"),
+    ("patch", "/api/v1/multi-region-deployments/{id}/"),
+    *(
+        ("post", f"/api/v1/multi-region-deployments/{{id}}/{action}/")
         for action in ("pause", "resume", "abort", "promote", "rollback")
     ),
 }

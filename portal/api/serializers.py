@@ -17,7 +17,11 @@ from portal.deployments.models import (
     Deployment,
     DeploymentEvent,
     Instance,
+    InstanceState,
     InstanceType,
+    MultiRegionDeployment,
+    OnRegionFailure,
+    Region,
     Strategy,
 )
 from portal.deployments.routing import call_endpoints, endpoint_url
@@ -165,6 +169,24 @@ class InstanceTypeOut(serializers.ModelSerializer):
             "name", "description", "accelerator", "gpus", "cpus", "memory_gib", "engine",
             "backends", "price_per_hour", "spec",
         ]  # fmt: skip
+
+
+class RegionOut(serializers.ModelSerializer):
+    gateway_url = serializers.CharField(
+        source="public_gateway_url",
+        read_only=True,
+        help_text="The base URL callers in this region use.",
+    )
+    instance_types: serializers.SlugRelatedField[InstanceType] = serializers.SlugRelatedField(
+        slug_field="name",
+        many=True,
+        read_only=True,
+        help_text="The instance types deployments here may use; empty: every active type.",
+    )
+
+    class Meta:
+        model = Region
+        fields = ["name", "description", "is_default", "gateway_url", "instance_types"]
 
 
 class ModelOut(serializers.ModelSerializer):
@@ -424,6 +446,22 @@ class DeploymentOut(serializers.ModelSerializer):
     instance_type: serializers.SlugRelatedField[InstanceType] = serializers.SlugRelatedField(
         slug_field="name", read_only=True
     )
+    region: serializers.SlugRelatedField[Region] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, help_text="Where it runs."
+    )
+    multi_region: serializers.PrimaryKeyRelatedField[MultiRegionDeployment] = (
+        serializers.PrimaryKeyRelatedField(
+            read_only=True,
+            allow_null=True,
+            help_text="The multi-region deployment this is one region's part of (act on that "
+            "one: this one refuses actions and new versions); null for a deployment on its own.",
+        )
+    )
+    wave = serializers.IntegerField(
+        read_only=True,
+        help_text="Its region's place in the multi-region deployment's wave order (1 first); "
+        "0 for a deployment on its own.",
+    )
 
     endpoint = serializers.SerializerMethodField(
         help_text="OpenAI base URL of the deployment's stable endpoint (a KServe-only version has "
@@ -462,9 +500,9 @@ class DeploymentOut(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = [
-            "id", "model", "team", "strategy", "target_version", "target_version_id",
-            "previous_version", "replicas", "min_replicas", "max_replicas", "scale_metric",
-            "scale_target", "scale_up_window_seconds", "scale_down_window_seconds",
+            "id", "model", "team", "region", "multi_region", "wave", "strategy", "target_version",
+            "target_version_id", "previous_version", "replicas", "min_replicas", "max_replicas",
+            "scale_metric", "scale_target", "scale_up_window_seconds", "scale_down_window_seconds",
             "scale_to_zero_after_seconds", "scaling", "instance_type", "stages", "bake_seconds",
             "health_deadline_seconds", "max_error_rate", "allow_io_change",
             "desired_state", "promote_requested", "observed_state", "current_stage",
@@ -512,6 +550,128 @@ class DeploymentOut(serializers.ModelSerializer):
         """Instances that run or are stopping (finished ones: see ``/instances/``)."""
         running = [i for i in deployment.instances.all() if i.state not in ("stopped", "failed")]
         return list(InstanceBriefOut(running, many=True).data)
+
+
+class RegionalDeploymentOut(serializers.Serializer):
+    """One region's part of a multi-region deployment: its own Red-Black deployment."""
+
+    region = serializers.CharField(source="region.name")
+    wave = serializers.IntegerField(help_text="Its place in the wave order, 1 first.")
+    deployment = serializers.IntegerField(source="pk", help_text="The regional deployment's id.")
+    observed_state = serializers.CharField()
+    desired_state = serializers.CharField()
+    current_stage = serializers.SerializerMethodField(
+        help_text="The stage of its own staged rollout (1-based); 0 when there is none."
+    )
+    stage_count = serializers.SerializerMethodField(
+        help_text="How many stages its rollout has; null when none is under way."
+    )
+    traffic = serializers.SerializerMethodField(
+        help_text="Its traffic split now: version number → percent."
+    )
+    replicas = serializers.IntegerField()
+    instances_ready = serializers.SerializerMethodField(
+        help_text="Its instances passing their health checks now."
+    )
+    status_message = serializers.CharField()
+
+    def _status(self, deployment: Deployment) -> DeploymentStatus:
+        cached = getattr(deployment, "_described", (None, None))[1]
+        if cached is None:
+            cached = describe(deployment, deployment.instances.all())
+            deployment._described = (deployment.updated_at, cached)  # type: ignore[attr-defined]
+        return cached
+
+    def get_current_stage(self, deployment: Deployment) -> int:
+        return self._status(deployment).stage or 0
+
+    def get_stage_count(self, deployment: Deployment) -> int | None:
+        return self._status(deployment).stage_count
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_traffic(self, deployment: Deployment) -> dict[str, int]:
+        return {str(number): percent for number, percent in (deployment.traffic or {}).items()}
+
+    def get_instances_ready(self, deployment: Deployment) -> int:
+        return sum(1 for i in deployment.instances.all() if i.state == InstanceState.READY)
+
+
+class WaveOut(serializers.Serializer):
+    current = serializers.IntegerField(help_text="The wave under way (1 first); 0 before any.")
+    count = serializers.IntegerField(help_text="How many waves: one per region.")
+    phase = serializers.CharField(
+        help_text="rollout (the wave's region rolls out), bake (the regions moved bake before "
+        "the next wave) or empty (no wave under way)."
+    )
+    bake_ends_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the bake between waves ends; null when none bakes."
+    )
+
+
+def regional_of(group: MultiRegionDeployment) -> list[Deployment]:
+    """The group's regional deployments in wave order (from its prefetched ``regional``)."""
+    return sorted(group.regional.all(), key=lambda deployment: deployment.wave)
+
+
+def wave_bake_ends_at(group: MultiRegionDeployment) -> datetime | None:
+    """When the bake between waves under way ends, or None."""
+    if group.wave_phase != "bake" or group.bake_started_at is None:
+        return None
+    return _instant(group.bake_started_at + group.wave_bake_seconds)
+
+
+class MultiRegionDeploymentOut(serializers.ModelSerializer):
+    team = serializers.CharField(source="model.team.slug", read_only=True)
+    target_version = serializers.IntegerField(source="target_version.number", read_only=True)
+    target_version_id = serializers.IntegerField(read_only=True)
+    previous_version = serializers.IntegerField(
+        source="previous_version.number", read_only=True, allow_null=True, default=None
+    )
+    wave_started_at = serializers.SerializerMethodField(
+        help_text="When the wave under way started; null before any."
+    )
+    bake_started_at = serializers.SerializerMethodField(
+        help_text="When the bake between waves under way started; null when none bakes."
+    )
+    regions = serializers.SerializerMethodField(
+        help_text="Each region's part, in wave order: its own Red-Black deployment."
+    )
+    wave = serializers.SerializerMethodField(help_text="Where the waves are.")
+
+    class Meta:
+        model = MultiRegionDeployment
+        fields = [
+            "id", "model", "team", "target_version", "target_version_id", "previous_version",
+            "on_region_failure", "wave_bake_seconds", "desired_state", "promote_requested",
+            "observed_state", "current_wave", "wave_phase", "wave_started_at", "bake_started_at",
+            "promoted", "reason", "failed_region", "status_message", "regions", "wave",
+            "last_reconciled_at", "created_at", "updated_at",
+        ]  # fmt: skip
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_wave_started_at(self, group: MultiRegionDeployment) -> datetime | None:
+        return _instant(group.wave_started_at)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_bake_started_at(self, group: MultiRegionDeployment) -> datetime | None:
+        return _instant(group.bake_started_at)
+
+    @extend_schema_field(RegionalDeploymentOut(many=True))
+    def get_regions(self, group: MultiRegionDeployment) -> list[dict[str, Any]]:
+        return list(RegionalDeploymentOut(regional_of(group), many=True).data)
+
+    @extend_schema_field(WaveOut)
+    def get_wave(self, group: MultiRegionDeployment) -> dict[str, Any]:
+        return dict(
+            WaveOut(
+                {
+                    "current": group.current_wave,
+                    "count": len(regional_of(group)),
+                    "phase": group.wave_phase,
+                    "bake_ends_at": wave_bake_ends_at(group),
+                }
+            ).data
+        )
 
 
 class EventOut(serializers.ModelSerializer):
@@ -748,6 +908,11 @@ class DeploymentCreateIn(ScalingPolicyIn):
         "replicas", help_text=f"Default {limits.REPLICAS.default} for a new deployment.{_KEEPS}"
     )
     instance_type = serializers.SlugField(max_length=63)
+    region = serializers.SlugField(
+        max_length=40,
+        required=False,
+        help_text="The region's name (see /regions/); omitted: the default region.",
+    )
     stages = _stages_field(
         help_text=f"Default {list(limits.DEFAULT_STAGES)} for a new deployment.{_KEEPS}"
     )
@@ -778,6 +943,67 @@ class DeploymentUpdateIn(ScalingPolicyIn):
     allow_io_change = serializers.BooleanField(
         required=False,
         help_text="Roll out Red-Black although the new version's interface differs.",
+    )
+
+
+class RegionPartIn(StrictInput):
+    """One region of a multi-region deployment: where, and how many instances."""
+
+    region = serializers.SlugField(max_length=40, help_text="The region's name.")
+    replicas = _setting_field(
+        "replicas", help_text=f"Default {limits.REPLICAS.default}.", allow_null=True
+    )
+    instance_type = serializers.SlugField(
+        max_length=63,
+        required=False,
+        allow_null=True,
+        help_text="Omitted: the multi-region deployment's instance type.",
+    )
+
+
+class MultiRegionCreateIn(StrictInput):
+    """Deploy a version Red-Black in several regions, one wave per region in the order given."""
+
+    model = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, help_text="Id of the version to serve.")
+    regions = serializers.ListField(
+        child=RegionPartIn(),
+        min_length=1,
+        max_length=50,
+        help_text="The regions in wave order: the first rolls out first.",
+    )
+    instance_type = serializers.SlugField(max_length=63)
+    on_region_failure = serializers.ChoiceField(
+        choices=OnRegionFailure.choices, default=OnRegionFailure.ROLL_BACK_ALL
+    )
+    wave_bake_seconds = serializers.IntegerField(
+        min_value=limits.WAVE_BAKE_SECONDS.min,
+        max_value=limits.WAVE_BAKE_SECONDS.max,
+        required=False,
+        help_text="How long the regions moved must stay healthy before the next wave. Default "
+        f"{limits.WAVE_BAKE_SECONDS.default}.",
+    )
+    stages = _stages_field(
+        help_text=f"Each region's stages. Default {list(limits.DEFAULT_STAGES)}."
+    )
+    bake_seconds = _setting_field("bake_seconds")
+    health_deadline_seconds = _setting_field("health_deadline_seconds")
+    max_error_rate = _setting_field("max_error_rate")
+
+    #: The regional deployments' own rollout settings, passed on when given.
+    ROLLOUT = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
+
+
+class MultiRegionUpdateIn(StrictInput):
+    """Roll every region to another version, one wave at a time (refused while a rollout is
+    under way)."""
+
+    version = serializers.IntegerField(
+        min_value=1, help_text="Id of the version to roll out, region by region. Required."
+    )
+    allow_io_change = serializers.BooleanField(
+        default=False,
+        help_text="Roll out although the new version's interface differs.",
     )
 
 

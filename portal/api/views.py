@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db.models import Prefetch
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -26,12 +27,20 @@ from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.api.schema import CONFLICT, error
 from portal.core.actors import Actor
-from portal.deployments import caller_keys
+from portal.deployments import caller_keys, multi_region
 from portal.deployments import logs as instance_logs
 from portal.deployments import services as deployment_services
 from portal.deployments.launchers.base import LogCursorError
 from portal.deployments.lifecycle import Action
-from portal.deployments.models import Deployment, DeploymentEvent, Instance, InstanceType
+from portal.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    Instance,
+    InstanceType,
+    MultiRegionDeployment,
+    Region,
+)
+from portal.deployments.multi_region import RegionPart
 from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services
 from portal.registry.models import Model, ModelVersion, PlatformRelease, PluginWheel
@@ -55,6 +64,27 @@ ACTION_SCHEMA: dict[str, Any] = {
     "responses": {200: s.DeploymentOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
     "parameters": [IDEMPOTENCY_KEY],
 }
+#: The schema of the multi-region deployment actions.
+MULTI_REGION_ACTION_SCHEMA: dict[str, Any] = {
+    **ACTION_SCHEMA,
+    "responses": {200: s.MultiRegionDeploymentOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
+}
+
+
+def instance_type_named(name: str, field: str = "instance_type") -> InstanceType:
+    """The instance type called ``name``, else a 400 on ``field``."""
+    instance_type = InstanceType.objects.filter(name=name).first()
+    if instance_type is None:
+        raise ValidationError({field: [f"No instance type {name!r}."]})
+    return instance_type
+
+
+def region_named(name: str, field: str = "region") -> Region:
+    """The region called ``name``, else a 400 on ``field``."""
+    region = Region.objects.filter(name=name).first()
+    if region is None:
+        raise ValidationError({field: [f"No region {name!r}."]})
+    return region
 
 
 class ScopedViewSet(viewsets.GenericViewSet):
@@ -148,6 +178,15 @@ class ReleaseViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = PlatformRelease.objects.all()
     serializer_class = s.ReleaseOut
     filterset_class = filters.ReleaseFilter
+
+
+class RegionViewSet(viewsets.ReadOnlyModelViewSet):
+    """The regions deployments can run in, the default one first: where callers reach each,
+    and which instance types it offers."""
+
+    queryset = Region.objects.filter(is_active=True).prefetch_related("instance_types")
+    serializer_class = s.RegionOut
+    lookup_field = "name"
 
 
 class InstanceTypeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -287,7 +326,7 @@ class VersionViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
 
 class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     queryset = Deployment.objects.select_related(
-        "model__team", "target_version", "previous_version", "instance_type"
+        "model__team", "target_version", "previous_version", "instance_type", "region"
     ).prefetch_related("instances__version")
     serializer_class = s.DeploymentOut
     filterset_class = filters.DeploymentFilter
@@ -309,11 +348,8 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         version = self.readable(
             ModelVersion.objects.all(), data["version"], "version", "model__team"
         )
-        instance_type = InstanceType.objects.filter(name=data["instance_type"]).first()
-        if instance_type is None:
-            raise ValidationError(
-                {"instance_type": [f"No instance type {data['instance_type']!r}."]}
-            )
+        instance_type = instance_type_named(data["instance_type"])
+        region = region_named(data["region"]) if "region" in data else None
         deployed = deployment_services.deploy(
             model=model,
             strategy=data["strategy"],
@@ -327,6 +363,7 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             max_error_rate=data.get("max_error_rate"),
             allow_io_change=data["allow_io_change"],
             scaling=s.ScalingPolicyIn.policy_given(data),
+            region=region,
         )
         return self.answer(
             s.DeploymentOut,
@@ -411,6 +448,124 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         return self._act(request, pk, Action.PROMOTE)
 
     @extend_schema(**ACTION_SCHEMA)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def rollback(self, request, pk=None):
+        return self._act(request, pk, Action.ROLLBACK)
+
+
+class MultiRegionDeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """A model served Red-Black in several regions, rolled out to a new version one region
+    (wave) at a time, with a bake between waves; act on it here, not on its regions'
+    deployments."""
+
+    queryset = MultiRegionDeployment.objects.select_related(
+        "model__team", "target_version", "previous_version"
+    ).prefetch_related(
+        Prefetch(
+            "regional",
+            queryset=Deployment.objects.select_related(
+                "region", "target_version", "previous_version", "model__team"
+            )
+            .prefetch_related("instances__version")
+            .order_by("wave"),
+        )
+    )
+    serializer_class = s.MultiRegionDeploymentOut
+    team_field = "model__team"
+    ordering_fields = ["created_at", "updated_at"]
+
+    def _fresh(self, group: MultiRegionDeployment) -> MultiRegionDeployment:
+        """``group`` read again as the answer shows it (its regions as they are now)."""
+        return self.get_queryset().get(pk=group.pk)
+
+    @extend_schema(
+        request=s.MultiRegionCreateIn,
+        responses={201: s.MultiRegionDeploymentOut, 409: CONFLICT, **IDEMPOTENT_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent
+    def create(self, request):
+        """Deploy a version Red-Black in every region named, one wave per region in the order
+        given: the first starts now, each next once the previous serves it and baked."""
+        data = self.valid_input(s.MultiRegionCreateIn)
+        model = self.readable(Model.objects.all(), data["model"], "model", "team")
+        self.require_write(model.team_id)
+        version = self.readable(
+            ModelVersion.objects.all(), data["version"], "version", "model__team"
+        )
+        parts = [
+            RegionPart(
+                region=region_named(part["region"], "regions"),
+                replicas=part.get("replicas"),
+                instance_type=(
+                    instance_type_named(part["instance_type"], "regions")
+                    if part.get("instance_type")
+                    else None
+                ),
+            )
+            for part in data["regions"]
+        ]
+        group = multi_region.create(
+            model=model,
+            version=version,
+            regions=parts,
+            instance_type=instance_type_named(data["instance_type"]),
+            actor=self.actor,
+            on_region_failure=data["on_region_failure"],
+            wave_bake_seconds=data.get("wave_bake_seconds"),
+            **{name: data[name] for name in s.MultiRegionCreateIn.ROLLOUT if name in data},
+        )
+        return self.answer(s.MultiRegionDeploymentOut, self._fresh(group), status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=s.MultiRegionUpdateIn, responses={200: s.MultiRegionDeploymentOut, 409: CONFLICT}
+    )
+    def partial_update(self, request, pk=None):
+        """Roll every region to another version, one wave at a time."""
+        group = self.get_object()
+        self.require_write(group.team_id)
+        data = self.valid_input(s.MultiRegionUpdateIn)
+        version = self.readable(
+            ModelVersion.objects.all(), data["version"], "version", "model__team"
+        )
+        group = multi_region.roll_out(
+            group, version, actor=self.actor, allow_io_change=data["allow_io_change"]
+        )
+        return self.answer(s.MultiRegionDeploymentOut, self._fresh(group))
+
+    def _act(self, request, pk, what: Action) -> Response:
+        group = self.get_object()
+        self.require_write(group.team_id)
+        data = self.valid_input(s.ActionIn)
+        group = multi_region.act(group, what, actor=self.actor, reason=data["reason"])
+        return self.answer(s.MultiRegionDeploymentOut, self._fresh(group))
+
+    @extend_schema(**MULTI_REGION_ACTION_SCHEMA)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def pause(self, request, pk=None):
+        return self._act(request, pk, Action.PAUSE)
+
+    @extend_schema(**MULTI_REGION_ACTION_SCHEMA)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def resume(self, request, pk=None):
+        return self._act(request, pk, Action.RESUME)
+
+    @extend_schema(**MULTI_REGION_ACTION_SCHEMA)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def abort(self, request, pk=None):
+        return self._act(request, pk, Action.ABORT)
+
+    @extend_schema(**MULTI_REGION_ACTION_SCHEMA)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def promote(self, request, pk=None):
+        return self._act(request, pk, Action.PROMOTE)
+
+    @extend_schema(**MULTI_REGION_ACTION_SCHEMA)
     @action(detail=True, methods=["post"])
     @idempotent
     def rollback(self, request, pk=None):

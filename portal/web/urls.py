@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.web.views import caller_keys, deployments, playground, registry, tokens
+from portal.web.views import caller_keys, deployments, multi_region, playground, registry, tokens
 
 app_name = "web"
 
@@ -31,6 +31,16 @@ urlpatterns = [
     path(model + "v<int:number>/live/", registry.version_live, name="version_live"),
     path(model + "v<int:number>/retry/", registry.version_retry, name="version_retry"),
     path(model + "deploy/", deployments.deploy, name="deploy"),
+    path(
+        team + "deployments/multi/<int:pk>/",
+        multi_region.multi_region_detail,
+        name="multi_region_detail",
+    ),
+    path(
+        team + "deployments/multi/<int:pk>/<str:action>/",
+        multi_region.multi_region_act,
+        name="multi_region_act",
+    ),
     path(team + "deployments/<int:pk>/", deployments.deployment_detail, name="deployment_detail"),
     path(team + "deployments/<int:pk>/live/", deployments.deployment_live, name="deployment_live"),
     path(

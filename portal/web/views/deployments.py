@@ -152,7 +152,7 @@ def _deploy(request, model, form: DeployForm) -> Deployment | None:
 def get_deployment(ctx: TeamContext, pk: int) -> Deployment:
     return get_object_or_404(
         Deployment.objects.select_related(
-            "model__team", "target_version", "previous_version", "instance_type"
+            "model__team", "target_version", "previous_version", "instance_type", "region"
         ),
         model__team=ctx.team,
         pk=pk,
@@ -169,7 +169,9 @@ def _live_context(deployment: Deployment, seen: int | None, seen_state: str | No
     )
     events = list(deployment.events.order_by("-created_at", "-id")[:50])
     fresh = [e.pk for e in events if seen is not None and e.pk > seen]
-    actions = summaries.available_actions(deployment)
+    # A region's part of a multi-region deployment takes its actions from that one's page
+    # (the service refuses them here).
+    actions = [] if deployment.multi_region_id else summaries.available_actions(deployment)
     return {
         "tag": _tag(deployment, instances, events),
         "deployment": deployment,
@@ -196,6 +198,13 @@ def _tag(deployment: Deployment, instances: list, events: list) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def _wave_count(deployment: Deployment) -> int:
+    """How many waves (regions) the deployment's multi-region deployment has; 0 without one."""
+    if deployment.multi_region_id is None:
+        return 0
+    return Deployment.objects.filter(multi_region_id=deployment.multi_region_id).count()
+
+
 @login_required
 def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
@@ -212,6 +221,7 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             **call_context(deployment),
             **playground_context(deployment),
             **live,
+            "wave_count": _wave_count(deployment),
             # What it costs as the page loads (the live part refreshes, this line does not),
             # from the running instances the live part already read.
             "cost": costs.summary(costs.deployment_estimate(deployment, live["instances"])),

@@ -1,0 +1,165 @@
+"""The multi-region deployment page: its waves, each region's part, its actions, and the
+regions' timelines merged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from portal.core.actors import Actor
+from portal.core.errors import ApplicationError, InvalidTransition
+from portal.deployments import multi_region
+from portal.deployments.lifecycle import Action
+from portal.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    InstanceState,
+    MultiRegionDeployment,
+    WavePhase,
+)
+from portal.deployments.status import DeploymentStatus, describe
+from portal.web import summaries
+from portal.web.teams import TeamContext, team_context
+from portal.web.views.registry import require_write
+
+#: The newest events of the regions shown in the merged timeline.
+TIMELINE_LENGTH = 100
+
+#: What each action does to the whole rollout, for its confirmation question.
+ACTION_QUESTIONS = {
+    Action.PAUSE: "Pause the rollout in the region rolling out now (the next waves wait)?",
+    Action.RESUME: "Resume the multi-region rollout?",
+    Action.PROMOTE: "Finish the rollout now: every remaining region rolls out without stages' "
+    "bakes or bakes between waves?",
+    Action.ABORT: "Abort the rollout? Every region moved goes back to the serving version.",
+    Action.ROLLBACK: "Roll every region back to the previous version?",
+}
+
+
+@dataclass(frozen=True)
+class RegionRow:
+    """One region's part as the page shows it."""
+
+    deployment: Deployment
+    status: DeploymentStatus
+    ready: int
+
+
+def get_group(ctx: TeamContext, pk: int) -> MultiRegionDeployment:
+    return get_object_or_404(
+        MultiRegionDeployment.objects.select_related(
+            "model__team", "target_version", "previous_version"
+        ).prefetch_related(
+            Prefetch(
+                "regional",
+                queryset=Deployment.objects.select_related(
+                    "region", "target_version", "previous_version", "model__team"
+                )
+                .prefetch_related("instances__version")
+                .order_by("wave"),
+            )
+        ),
+        model__team=ctx.team,
+        pk=pk,
+    )
+
+
+def region_rows(group: MultiRegionDeployment) -> list[RegionRow]:
+    rows = []
+    for deployment in sorted(group.regional.all(), key=lambda d: d.wave):
+        shown = [
+            i for i in deployment.instances.all() if i.state in summaries.SHOWN_INSTANCE_STATES
+        ]
+        rows.append(
+            RegionRow(
+                deployment=deployment,
+                status=describe(deployment, shown),
+                ready=sum(1 for i in shown if i.state == InstanceState.READY),
+            )
+        )
+    return rows
+
+
+def available_actions(group: MultiRegionDeployment) -> list[tuple[str, str]]:
+    """The actions the service would take now, with the question that confirms each."""
+    actions = []
+    for action in Action:
+        try:
+            multi_region.action_changes(group, action)
+        except InvalidTransition:
+            continue
+        actions.append((action.value, ACTION_QUESTIONS[action]))
+    return actions
+
+
+def timeline(group: MultiRegionDeployment) -> list[DeploymentEvent]:
+    """The regions' events merged, newest first (each event names its deployment's region)."""
+    return list(
+        DeploymentEvent.objects.filter(deployment__multi_region=group)
+        .select_related("deployment__region")
+        .order_by("-created_at", "-id")[:TIMELINE_LENGTH]
+    )
+
+
+def bake_ends_at(group: MultiRegionDeployment) -> float | None:
+    """Unix time the bake between waves under way ends, or None."""
+    if group.wave_phase != WavePhase.BAKE or group.bake_started_at is None:
+        return None
+    return group.bake_started_at + group.wave_bake_seconds
+
+
+@login_required
+def multi_region_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
+    ctx = team_context(request, team)
+    group = get_group(ctx, pk)
+    rows = region_rows(group)
+    actions = available_actions(group)
+    next_region = (
+        rows[group.current_wave].deployment.region if 0 < group.current_wave < len(rows) else None
+    )
+    return render(
+        request,
+        "web/multi_region_detail.html",
+        {
+            "ctx": ctx,
+            "group": group,
+            "model": group.model,
+            "rows": rows,
+            "wave_count": len(rows),
+            "bake_ends_at": bake_ends_at(group),
+            "next_region": next_region,
+            "actions": actions,
+            "action_names": [name for name, _ in actions],
+            "events": timeline(group),
+        },
+    )
+
+
+@login_required
+@require_http_methods(["POST"])
+def multi_region_act(request: HttpRequest, team: str, pk: int, action: str) -> HttpResponse:
+    ctx = team_context(request, team)
+    require_write(ctx)
+    group = get_group(ctx, pk)
+    try:
+        what = Action(action)
+    except ValueError as exc:
+        raise Http404("No such action.") from exc
+    try:
+        multi_region.act(
+            group,
+            what,
+            actor=Actor.for_request(request.user),
+            reason=request.POST.get("reason", "")[:500],
+        )
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{what.capitalize()} requested; every region concerned follows.")
+    return redirect("web:multi_region_detail", team=team, pk=pk)
