@@ -7,7 +7,7 @@ import io
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from portal.accounts.models import ApiToken, Role, Team
@@ -17,6 +17,7 @@ from portal.accounts.tokens import (
     issue_token,
     revoke_tokens,
 )
+from portal.deployments.models import Region
 
 pytestmark = pytest.mark.django_db
 
@@ -79,3 +80,18 @@ def test_bootstrap_demo_is_idempotent(settings, tmp_path):
     assert demo.memberships.get().user.is_superuser
     assert ApiToken.objects.filter(team=demo).count() == 1
     assert authenticate_token(token_text).team == demo
+
+
+def test_bootstrap_demo_makes_local_regions_for_dev_regions(settings, tmp_path):
+    """``DEV_REGIONS=eu-west ./dev run`` passes ``--region eu-west:8081``: a local region whose
+    gateway (started by ./dev on that port) follows its own prefix."""
+    settings.VAR_DIR = tmp_path
+    out = io.StringIO()
+    call_command("bootstrap_demo", "--no-demo-model", "--region", "eu-west:8081", stdout=out)
+    call_command("bootstrap_demo", "--no-demo-model", "--region", "eu-west:8081", stdout=out)
+    region = Region.objects.get(name="eu-west")
+    assert region.public_gateway_url == "http://127.0.0.1:8081"
+    assert region.gateway_prefix == f"{settings.GATEWAY_REDIS_PREFIX}.eu-west"
+    assert "Region: eu-west, gateway on http://127.0.0.1:8081" in out.getvalue()
+    with pytest.raises(CommandError, match="NAME:PORT"):
+        call_command("bootstrap_demo", "--no-demo-model", "--region", "eu-west")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from portal.accounts.models import ApiToken, CallerKey, Membership, Role, Team
@@ -44,8 +44,25 @@ class Command(BaseCommand):
         parser.add_argument(
             "--deploy", action="store_true", help="Register and deploy the demo model too."
         )
+        parser.add_argument(
+            "--region",
+            action="append",
+            default=[],
+            metavar="NAME:PORT",
+            help="A local region beside the default one, its gateway on this port (./dev run "
+            "with DEV_REGIONS starts that gateway).",
+        )
 
-    def handle(self, *args, no_demo_model: bool = False, deploy: bool = False, **options):
+    def handle(
+        self,
+        *args,
+        no_demo_model: bool = False,
+        deploy: bool = False,
+        region: list[str] | None = None,
+        **options,
+    ):
+        for spec in region or []:
+            self._local_region(spec)
         demo = self._accounts(**options)
         if no_demo_model:
             return
@@ -57,6 +74,22 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  Model:  demo weights to register at file://{source}  (task chat, backend vLLM)"
             )
+
+    def _local_region(self, spec: str) -> None:
+        """A region of local processes (own run directory and gateway prefix, the defaults),
+        its gateway at ``127.0.0.1:<port>``."""
+        from portal.deployments.models import Region
+
+        name, _, port = spec.partition(":")
+        if not name or not port.isdigit():
+            raise CommandError(f"--region {spec!r}: expected NAME:PORT, e.g. eu-west:8081.")
+        region, _ = Region.objects.update_or_create(
+            name=name, defaults={"gateway_url": f"http://127.0.0.1:{port}", "is_active": True}
+        )
+        self.stdout.write(
+            f"  Region: {region.name}, gateway on {region.public_gateway_url} (prefix "
+            f"{region.gateway_prefix})"
+        )
 
     def _demo_weights(self) -> Path:
         """The demo model (random weights, made locally, so no download) under the first
