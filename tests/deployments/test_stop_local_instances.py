@@ -31,7 +31,7 @@ def test_every_local_regions_instances_are_stopped(settings, tmp_path, db, capsy
     settings.INSTANCE_LAUNCHER = "local"
     settings.INSTANCE_RUN_ROOT = tmp_path / "instances"
     eu = Region.objects.create(name="eu-west")  # run directory: INSTANCE_RUN_ROOT/regions/eu-west
-    ap = Region.objects.create(name="ap-south", run_directory=str(tmp_path / "ap"))
+    Region.objects.create(name="ap-south", run_directory=str(tmp_path / "ap"))
     Region.objects.create(name="remote", launcher="kubernetes")  # not this machine's
     processes = [
         fake_instance(settings.INSTANCE_RUN_ROOT, "local-1"),
