@@ -304,3 +304,36 @@ def test_regions_refuse_what_they_cannot_take(versions, cpu_instance_type, regio
     assert not MultiRegionDeployment.objects.exists()
     assert Deployment.objects.filter(region=regions[0]).count() == 0  # nothing half-made
     assert other.region == regions[1]
+
+
+def test_versioned_deployments_are_cleaned_up_per_region(
+    versions, cpu_instance_type, regions, settings
+):
+    """Each region keeps its newest Versioned deployment, and its own gateways say when a route
+    there was last called."""
+    model, v1, v2 = versions
+    settings.VERSIONED_IDLE_SECONDS = 0  # serving since a moment ago is idle enough
+    us_east, eu_west = regions[0], regions[1]
+    made = {}
+    for region, version in ((us_east, v1), (us_east, v2), (eu_west, v1)):
+        deployment = services.create_deployment(
+            model=model,
+            strategy="versioned",
+            version=version,
+            instance_type=cpu_instance_type,
+            actor=USER,
+            region=region,
+        )
+        for _ in range(6):
+            controller.reconcile(deployment.pk)
+            M.set_health(version.number, Health.READY)
+        deployment.refresh_from_db()
+        assert deployment.observed_state == "serving"
+        made[(region.name, version.number)] = deployment
+    path = f"{model.team.slug}/{model.slug}/versions/1"
+    M.requests_in["us-east"] = {path: time.time() + 3600}  # us-east's v1 was just called
+    # eu-west's v1 is that region's newest: kept; us-east's v1 was just called there: kept.
+    assert services.retire_idle_versioned() == []
+    M.requests_in["us-east"] = {}
+    Deployment.objects.filter(pk=made[("us-east", 1)].pk).update(last_request_at=None)
+    assert services.retire_idle_versioned() == [made[("us-east", 1)].pk]
