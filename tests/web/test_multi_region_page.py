@@ -152,3 +152,12 @@ def test_a_regional_deployment_page_points_to_its_multi_region_deployment(member
     # Its own actions are the whole rollout's: none here.
     assert reverse("web:deployment_act", args=[slug, second.pk, "pause"]) not in html
     assert 'class="buttons actions"' not in html
+
+
+def test_the_model_page_lists_the_multi_region_deployment_and_each_regions_part(member, world):
+    slug, pk = detail(world)[1]
+    html = page_html(member, "web:model_detail", slug, world.group.model.slug)
+    assert f'href="{reverse("web:multi_region_detail", args=[slug, pk])}"' in html
+    words = text(html)
+    assert f"Multi-region #{pk} · v2" in words
+    assert "in us-east" in words and "in eu-west" in words

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_http_methods
 
 from portal.core.actors import Actor
 from portal.core.errors import ApplicationError
-from portal.deployments.models import LIVE_STATES
+from portal.deployments.models import LIVE_STATES, LIVE_WAVE_STATES
 from portal.registry import services as registry_services
 from portal.registry.models import Backend, Model, ModelVersion, VersionState
 from portal.registry.packaging import PackagingError, described_plugins, repository_files
@@ -77,9 +77,12 @@ def model_new(request: HttpRequest, team: str) -> HttpResponse:
 def model_detail(request: HttpRequest, team: str, model: str) -> HttpResponse:
     ctx = team_context(request, team)
     obj = get_model(ctx, model)
-    deployments = obj.deployments.select_related("target_version").order_by("-created_at")
+    deployments = obj.deployments.select_related("target_version", "region").order_by("-created_at")
     live = [d for d in deployments if d.observed_state in LIVE_STATES]
     versions = list(obj.versions.select_related("materialization"))
+    multi = obj.multi_region.filter(observed_state__in=LIVE_WAVE_STATES).select_related(
+        "target_version"
+    )
     return render(
         request,
         "web/model_detail.html",
@@ -89,6 +92,7 @@ def model_detail(request: HttpRequest, team: str, model: str) -> HttpResponse:
             "versions": versions,
             "any_ready": any(v.state == VersionState.READY for v in versions),
             "live": live,
+            "multi_region": list(multi),
             "past": [d for d in deployments if d.observed_state not in LIVE_STATES][:10],
         },
     )
