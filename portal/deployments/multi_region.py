@@ -213,8 +213,8 @@ def action_changes(group: MultiRegionDeployment, action: Action) -> dict[str, ob
             raise refuse(f"it is {observed}; promote finishes a rollout in progress.")
         return {"desired_state": DesiredState.ACTIVE, "promote_requested": True}
     if action == Action.ABORT:
-        if observed not in _IN_FLIGHT:
-            raise refuse(f"it is {observed}; only a rollout in progress can be aborted.")
+        if observed not in (*_IN_FLIGHT, WaveState.HALTED):
+            raise refuse(f"it is {observed}; only a rollout in progress or halted can be aborted.")
         return {"desired_state": DesiredState.ABORTED}
     if action == Action.ROLLBACK:
         if group.previous_version_id is None:

@@ -38,7 +38,7 @@ from django.utils import timezone
 from portal.core.actors import CONTROLLER, Actor
 from portal.core.redis_clients import redis_client
 from portal.deployments import services, tasks
-from portal.deployments.lifecycle import record_event
+from portal.deployments.lifecycle import record_event, transition_deployment
 from portal.deployments.models import (
     Deployment,
     DesiredState,
@@ -408,6 +408,21 @@ def _rolling_back(group: MultiRegionDeployment, regional: list[Deployment]) -> f
             if deployment.observed_state != ObservedState.SERVING:
                 busy.append(deployment)
             continue  # back on (or never left) the previous version
+        if (
+            deployment.previous_version_id is None
+            and deployment.observed_state == ObservedState.SERVING
+        ):
+            # A first deploy has nothing to go back to: the region stops serving (as the
+            # Versioned clean-up retires a deployment; its controller then drains it).
+            transition_deployment(
+                deployment,
+                ObservedState.RETIRED,
+                reason=f"Retired by the multi-region rollout, which had nothing to roll back to: "
+                f"{group.reason}.",
+                traffic={},
+            )
+            tasks.schedule(deployment.pk)
+            continue
         busy.append(deployment)
         if deployment.observed_state == ObservedState.ROLLING_BACK:
             continue

@@ -337,3 +337,47 @@ def test_versioned_deployments_are_cleaned_up_per_region(
     M.requests_in["us-east"] = {}
     Deployment.objects.filter(pk=made[("us-east", 1)].pk).update(last_request_at=None)
     assert services.retire_idle_versioned() == [made[("us-east", 1)].pk]
+
+
+def first_deploy_failing_in_eu_west(versions, cpu_instance_type, regions, policy) -> World:
+    model, v1, _ = versions
+    group = multi_region.create(
+        model=model,
+        version=v1,
+        regions=[RegionPart(regions[0], replicas=1), RegionPart(regions[1], replicas=1)],
+        instance_type=cpu_instance_type,
+        actor=USER,
+        bake_seconds=0,
+        wave_bake_seconds=0,
+        on_region_failure=policy,
+    )
+    world = World(group)
+    world.stuck = {("eu-west", 1)}
+    for _ in range(60):
+        M.set_health(1, Health.CRASHED, "exit 1", region="eu-west")
+        if world.step().observed_state in ("failed", "halted"):
+            return world
+    raise AssertionError(f"still {world.group.observed_state}: {world.group.status_message}")
+
+
+def test_a_first_deploy_failing_in_the_second_region_stops_every_region(
+    versions, cpu_instance_type, regions
+):
+    world = first_deploy_failing_in_eu_west(versions, cpu_instance_type, regions, "roll_back_all")
+    assert world.group.observed_state == "failed"
+    us_east, eu_west = world.regional
+    assert us_east.observed_state == "retired"  # nothing to roll back to: it stops serving
+    assert eu_west.observed_state == "failed"
+    world.step(3)
+    assert M.count(1, Health.READY, Health.STARTING) == 0
+    assert M.routes_in["us-east"] == []
+
+
+def test_a_halted_first_deploy_can_be_aborted(versions, cpu_instance_type, regions):
+    world = first_deploy_failing_in_eu_west(versions, cpu_instance_type, regions, "halt")
+    assert world.group.observed_state == "halted"
+    assert world.serving()["us-east"] == 1  # the region that took v1 keeps serving it
+    multi_region.act(world.group, Action.ABORT, actor=USER)
+    group = world.run_until(lambda g: g.observed_state == "aborted")
+    assert "Stopped in every region" in group.status_message
+    assert world.regional[0].observed_state == "retired"
