@@ -10,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Prefetch
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -459,18 +458,7 @@ class MultiRegionDeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.
     (wave) at a time, with a bake between waves; act on it here, not on its regions'
     deployments."""
 
-    queryset = MultiRegionDeployment.objects.select_related(
-        "model__team", "target_version", "previous_version"
-    ).prefetch_related(
-        Prefetch(
-            "regional",
-            queryset=Deployment.objects.select_related(
-                "region", "target_version", "previous_version", "model__team"
-            )
-            .prefetch_related("instances__version")
-            .order_by("wave"),
-        )
-    )
+    queryset = multi_region.with_regions()
     serializer_class = s.MultiRegionDeploymentOut
     team_field = "model__team"
     ordering_fields = ["created_at", "updated_at"]

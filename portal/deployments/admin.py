@@ -1,4 +1,6 @@
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from django import forms
 from django.conf import settings
@@ -96,6 +98,49 @@ def _when(unix: float) -> str:
     return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+class RolloutActionsAdmin(admin.ModelAdmin):
+    """Pause, resume, promote, abort and rollback as admin actions on the selected rows,
+    through the service that validates and records them (``act``; ``noun`` names a row)."""
+
+    act: Callable[..., Any]
+    noun = "Deployment"
+    actions = [
+        "request_pause", "request_resume", "request_promote", "request_abort", "request_rollback",
+    ]  # fmt: skip
+
+    def _request(self, request, queryset, what: Action) -> None:
+        actor = Actor.operator(request.user)
+        for obj in queryset:
+            try:
+                type(self).act(
+                    obj, what, actor=actor, reason="requested by an operator in the admin"
+                )
+            except Conflict as exc:
+                self.message_user(request, f"{self.noun} {obj.pk}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"{self.noun} {obj.pk}: {what} requested.")
+
+    @admin.action(description="Pause the rollout in progress")
+    def request_pause(self, request, queryset):
+        self._request(request, queryset, Action.PAUSE)
+
+    @admin.action(description="Resume a paused rollout")
+    def request_resume(self, request, queryset):
+        self._request(request, queryset, Action.RESUME)
+
+    @admin.action(description="Promote: finish the rollout now (no more stages or bakes)")
+    def request_promote(self, request, queryset):
+        self._request(request, queryset, Action.PROMOTE)
+
+    @admin.action(description="Request a rollback to the previous version")
+    def request_rollback(self, request, queryset):
+        self._request(request, queryset, Action.ROLLBACK)
+
+    @admin.action(description="Abort the rollout in progress")
+    def request_abort(self, request, queryset):
+        self._request(request, queryset, Action.ABORT)
+
+
 class RegionalCopyInline(admin.TabularInline):
     """The versions copied into the region's own model cache (written by the copy task)."""
 
@@ -148,7 +193,7 @@ class RegionAdmin(admin.ModelAdmin):
 
 
 @admin.register(MultiRegionDeployment)
-class MultiRegionDeploymentAdmin(admin.ModelAdmin):
+class MultiRegionDeploymentAdmin(RolloutActionsAdmin):
     """Read-only like deployments: operators act on the whole rollout through the actions."""
 
     list_display = [
@@ -158,8 +203,8 @@ class MultiRegionDeploymentAdmin(admin.ModelAdmin):
     list_filter = ["observed_state", "on_region_failure"]
     search_fields = ["model__slug", "model__team__slug", "status_message"]
     readonly_fields = [f.name for f in MultiRegionDeployment._meta.fields]
-    actions = ["request_pause", "request_resume", "request_promote", "request_abort",
-               "request_rollback"]  # fmt: skip
+    act = staticmethod(multi_region.act)  # every region follows
+    noun = "Multi-region deployment"
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -170,41 +215,9 @@ class MultiRegionDeploymentAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
-    def _request(self, request, queryset, what: Action) -> None:
-        actor = Actor.operator(request.user)
-        for group in queryset:
-            try:
-                multi_region.act(
-                    group, what, actor=actor, reason="requested by an operator in the admin"
-                )
-            except Conflict as exc:
-                self.message_user(request, f"Multi-region {group.pk}: {exc}", messages.ERROR)
-            else:
-                self.message_user(request, f"Multi-region {group.pk}: {what} requested.")
-
-    @admin.action(description="Pause the rollout (every region)")
-    def request_pause(self, request, queryset):
-        self._request(request, queryset, Action.PAUSE)
-
-    @admin.action(description="Resume a paused rollout")
-    def request_resume(self, request, queryset):
-        self._request(request, queryset, Action.RESUME)
-
-    @admin.action(description="Promote: every remaining region now, no bakes")
-    def request_promote(self, request, queryset):
-        self._request(request, queryset, Action.PROMOTE)
-
-    @admin.action(description="Roll every region back to the previous version")
-    def request_rollback(self, request, queryset):
-        self._request(request, queryset, Action.ROLLBACK)
-
-    @admin.action(description="Abort the rollout (every region back)")
-    def request_abort(self, request, queryset):
-        self._request(request, queryset, Action.ABORT)
-
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(RolloutActionsAdmin):
     list_display = [
         "id", "model", "region", "strategy", "target_version", "replicas", "policy",
         "instance_type", "desired_state", "observed_state", "status", "traffic_split",
@@ -226,9 +239,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     ]  # fmt: skip
     exclude = ["scaling"]
     inlines = [InstanceInline, EventInline]
-    actions = [
-        "request_pause", "request_resume", "request_promote", "request_abort", "request_rollback",
-    ]  # fmt: skip
+    act = staticmethod(act)
 
     def get_queryset(self, request):
         return (
@@ -290,36 +301,6 @@ class DeploymentAdmin(admin.ModelAdmin):
         # A live deployment is stopped through the controller (abort), never deleted under its
         # instances; an ended one is history its append-only timeline belongs to.
         return False
-
-    def _request(self, request, queryset, what: Action) -> None:
-        actor = Actor.operator(request.user)
-        for deployment in queryset:
-            try:
-                act(deployment, what, actor=actor, reason="requested by an operator in the admin")
-            except Conflict as exc:
-                self.message_user(request, f"Deployment {deployment.pk}: {exc}", messages.ERROR)
-            else:
-                self.message_user(request, f"Deployment {deployment.pk}: {what} requested.")
-
-    @admin.action(description="Pause the rollout in progress")
-    def request_pause(self, request, queryset):
-        self._request(request, queryset, Action.PAUSE)
-
-    @admin.action(description="Resume a paused rollout")
-    def request_resume(self, request, queryset):
-        self._request(request, queryset, Action.RESUME)
-
-    @admin.action(description="Promote: finish the rollout now (no more stages or bake)")
-    def request_promote(self, request, queryset):
-        self._request(request, queryset, Action.PROMOTE)
-
-    @admin.action(description="Request a rollback to the previous version")
-    def request_rollback(self, request, queryset):
-        self._request(request, queryset, Action.ROLLBACK)
-
-    @admin.action(description="Abort the rollout in progress")
-    def request_abort(self, request, queryset):
-        self._request(request, queryset, Action.ABORT)
 
 
 @admin.register(DeploymentEvent)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Prefetch, QuerySet
 
 from portal.core.actors import Actor
 from portal.core.errors import Conflict, InvalidTransition
@@ -223,6 +224,23 @@ def action_changes(group: MultiRegionDeployment, action: Action) -> dict[str, ob
             raise refuse(f"it is {observed}.")
         return {"desired_state": DesiredState.ROLLBACK}
     raise refuse("unknown action.")
+
+
+def with_regions() -> QuerySet[MultiRegionDeployment]:
+    """Multi-region deployments with their regions' deployments (in wave order) and those
+    deployments' instances, as the page and the API show them, in four queries."""
+    return MultiRegionDeployment.objects.select_related(
+        "model__team", "target_version", "previous_version"
+    ).prefetch_related(
+        Prefetch(
+            "regional",
+            queryset=Deployment.objects.select_related(
+                "region", "target_version", "previous_version", "model__team"
+            )
+            .prefetch_related("instances__version")
+            .order_by("wave"),
+        )
+    )
 
 
 def live(model: Model) -> MultiRegionDeployment | None:

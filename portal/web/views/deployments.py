@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -252,13 +253,23 @@ def deployment_act(request: HttpRequest, team: str, pk: int, action: str) -> Htt
     ctx = team_context(request, team)
     require_write(ctx)
     deployment = get_deployment(ctx, pk)
+    ask_for(request, action, deployment, deployment_services.act, "the controller acts on it")
+    return redirect("web:deployment_detail", team=team, pk=pk)
+
+
+def ask_for(
+    request: HttpRequest, action: str, target: Any, act: Callable[..., Any], then: str
+) -> None:
+    """Ask ``act`` (a service's pause/resume/promote/abort/rollback) for ``action`` on
+    ``target`` as the signed-in person, and say how it went: a refused action is a message on
+    the page, an unknown one a 404."""
     try:
         what = Action(action)
     except ValueError as exc:
         raise Http404("No such action.") from exc
     try:
-        deployment_services.act(
-            deployment,
+        act(
+            target,
             what,
             actor=Actor.for_request(request.user),
             reason=request.POST.get("reason", "")[:500],
@@ -266,8 +277,7 @@ def deployment_act(request: HttpRequest, team: str, pk: int, action: str) -> Htt
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"{what.capitalize()} requested; the controller acts on it.")
-    return redirect("web:deployment_detail", team=team, pk=pk)
+        messages.success(request, f"{what.capitalize()} requested; {then}.")
 
 
 def _charts_context(deployments: list[Deployment], api_url: str) -> dict:

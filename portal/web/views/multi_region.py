@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Prefetch
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
-from portal.core.actors import Actor
-from portal.core.errors import ApplicationError, InvalidTransition
+from portal.core.errors import InvalidTransition
 from portal.deployments import multi_region
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
@@ -26,6 +23,7 @@ from portal.deployments.models import (
 from portal.deployments.status import DeploymentStatus, describe
 from portal.web import summaries
 from portal.web.teams import TeamContext, team_context
+from portal.web.views.deployments import ask_for
 from portal.web.views.registry import require_write
 
 #: The newest events of the regions shown in the merged timeline.
@@ -52,22 +50,7 @@ class RegionRow:
 
 
 def get_group(ctx: TeamContext, pk: int) -> MultiRegionDeployment:
-    return get_object_or_404(
-        MultiRegionDeployment.objects.select_related(
-            "model__team", "target_version", "previous_version"
-        ).prefetch_related(
-            Prefetch(
-                "regional",
-                queryset=Deployment.objects.select_related(
-                    "region", "target_version", "previous_version", "model__team"
-                )
-                .prefetch_related("instances__version")
-                .order_by("wave"),
-            )
-        ),
-        model__team=ctx.team,
-        pk=pk,
-    )
+    return get_object_or_404(multi_region.with_regions(), model__team=ctx.team, pk=pk)
 
 
 def region_rows(group: MultiRegionDeployment) -> list[RegionRow]:
@@ -147,19 +130,5 @@ def multi_region_act(request: HttpRequest, team: str, pk: int, action: str) -> H
     ctx = team_context(request, team)
     require_write(ctx)
     group = get_group(ctx, pk)
-    try:
-        what = Action(action)
-    except ValueError as exc:
-        raise Http404("No such action.") from exc
-    try:
-        multi_region.act(
-            group,
-            what,
-            actor=Actor.for_request(request.user),
-            reason=request.POST.get("reason", "")[:500],
-        )
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"{what.capitalize()} requested; every region concerned follows.")
+    ask_for(request, action, group, multi_region.act, "every region concerned follows")
     return redirect("web:multi_region_detail", team=team, pk=pk)
