@@ -124,6 +124,9 @@ class Load:
     key: str = ""
     #: Tokens per completion (with ``ignore_eos``, each request takes that many decode steps).
     max_tokens: int = 3
+    #: Each client's pause between two requests: a paced caller rather than a busy loop, where
+    #: a test needs the CPU left for the instances it starts under load.
+    pause_seconds: float = 0.0
     results: list[Result] = field(default_factory=list)
     #: The instances that answered (``X-Served-By``).
     instances: set[str] = field(default_factory=set)
@@ -175,6 +178,8 @@ class Load:
                     with self._lock:
                         self._in_flight[0] -= 1
                 self.results.append(result)
+                if self.pause_seconds:
+                    self._stop.wait(self.pause_seconds)
 
     @contextlib.contextmanager
     def quiet(self):
@@ -192,6 +197,19 @@ class Load:
 
     def mix(self, since: float = 0.0, until: float = float("inf")) -> Counter[str]:
         return Counter(r.served_by for r in self.results if since <= r.started < until)
+
+
+def kill_between_requests(load: Load, run_root: Path, instance: Instance) -> None:
+    """kill -9 an instance and its engine while no request is in flight (one in flight on a
+    crashed instance is lost, and no proxy may replay it), and wait until they are gone: a
+    connection the kernel queued while the process was being torn down would be reset, and
+    that request would have been in flight too."""
+    with load.quiet():
+        process = instance_processes(run_root)[instance.name]
+        dying = [process, *process.children(recursive=True)]
+        for each in dying:
+            each.kill()
+        psutil.wait_procs(dying, timeout=10)
 
 
 def timeline(deployment: Deployment) -> list[str]:

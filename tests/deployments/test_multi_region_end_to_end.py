@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 import httpx
-import psutil
 import pytest
 
 from portal.deployments import caller_keys, multi_region, services
@@ -28,6 +27,7 @@ from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (
     Load,
     instance_processes,
+    kill_between_requests,
     kill_instance_processes,
     live_instances,
     start_gateway,
@@ -37,6 +37,10 @@ from tests.deployments.rollout_helpers import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SERVED_NAME = "search--chat"
+#: One caller per region, each pausing between requests: five instances start under this load
+#: (each request still finds its region mid-rollout), and a busy loop per region would take the
+#: two cores they load on.
+PACED = {"clients": 1, "pause_seconds": 0.05}
 
 
 def group_serving(group: MultiRegionDeployment, version: int) -> MultiRegionDeployment:
@@ -129,8 +133,8 @@ def test_two_regions_roll_out_in_waves_under_load_and_roll_back_together(
     # back, and the policy (roll back all) brings the first region, already on v2, back too.
     services.update_deployment(eu_part, actor=USER, bake_seconds=60)
     with (
-        Load(endpoints["local"], SERVED_NAME, clients=2, key=world.caller_key) as local_load,
-        Load(endpoints["eu-west"], SERVED_NAME, clients=2, key=world.caller_key) as eu_load,
+        Load(endpoints["local"], SERVED_NAME, key=world.caller_key, **PACED) as local_load,
+        Load(endpoints["eu-west"], SERVED_NAME, key=world.caller_key, **PACED) as eu_load,
     ):
         multi_region.roll_out(group, v2, actor=USER)
         wait_for(
@@ -138,12 +142,7 @@ def test_two_regions_roll_out_in_waves_under_load_and_roll_back_together(
         )
         wait_for(lambda: eu_load.mix()["v2"] > 0, 10, "eu-west callers to reach v2")
         [crashing] = [i for i in live_instances(eu_part) if i.version_id == v2.pk]
-        with eu_load.quiet():  # no request in flight on it: one would be lost with it
-            process = instance_processes(eu_root)[crashing.name]
-            dying = [process, *process.children(recursive=True)]
-            for each in dying:
-                each.kill()
-            psutil.wait_procs(dying, timeout=10)
+        kill_between_requests(eu_load, eu_root, crashing)
         group_serving(group, 1)
         time.sleep(0.5)
     assert local_load.failures() == [] and eu_load.failures() == []
@@ -153,13 +152,22 @@ def test_two_regions_roll_out_in_waves_under_load_and_roll_back_together(
     assert group.failed_region == "eu-west"
     eu_part.refresh_from_db()
     assert f"instance {crashing.name} of v2 crashed" in eu_part.status_message
+    # (This is also the single-region case: a version crashing at its 50% stage is rolled back
+    # with no caller failing.) No process is left that the region's deployment does not own.
+    wait_for(
+        lambda: (
+            sorted(instance_processes(eu_root)) == sorted(i.name for i in live_instances(eu_part))
+        ),
+        30,
+        "eu-west's v2 instances to be gone",
+    )
     assert "Rolled back: v1 serves in every region again" in group.status_message
 
     # 2. v2 again: region by region, and no caller in either region sees a failure.
     services.update_deployment(eu_part, actor=USER, bake_seconds=1)
     with (
-        Load(endpoints["local"], SERVED_NAME, clients=2, key=world.caller_key) as local_load,
-        Load(endpoints["eu-west"], SERVED_NAME, clients=2, key=world.caller_key) as eu_load,
+        Load(endpoints["local"], SERVED_NAME, key=world.caller_key, **PACED) as local_load,
+        Load(endpoints["eu-west"], SERVED_NAME, key=world.caller_key, **PACED) as eu_load,
     ):
         multi_region.roll_out(group, v2, actor=USER)
         group_serving(group, 2)

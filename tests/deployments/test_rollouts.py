@@ -10,7 +10,6 @@ import signal
 import time
 
 import httpx
-import psutil
 import pytest
 import redis
 from django.conf import settings
@@ -25,6 +24,7 @@ from tests.deployments.rollout_helpers import (
     Load,
     explain,
     instance_processes,
+    kill_between_requests,
     live_instances,
     start_gateway,
     timeline,
@@ -152,38 +152,6 @@ def test_a_version_that_never_becomes_healthy_is_rolled_back(chat):
     settled(world, deployment, 1)
 
 
-def kill_between_requests(load: Load, world, instance) -> None:
-    """kill -9 an instance and its engine while no request is in flight (one in flight on a
-    crashed instance is lost, and no proxy may replay it), and wait until they are gone: a
-    connection the kernel queued while the process was being torn down would be reset, and
-    that request would have been in flight too."""
-    with load.quiet():
-        process = instance_processes(world.run_root)[instance.name]
-        dying = [process, *process.children(recursive=True)]
-        for each in dying:
-            each.kill()
-        psutil.wait_procs(dying, timeout=10)
-
-
-def test_a_version_that_crashes_at_the_50_percent_stage_is_rolled_back(chat):
-    world, model, _v1, v2, deployment = chat
-    services.update_deployment(deployment, actor=USER, bake_seconds=60)
-    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
-        services.update_deployment(deployment, actor=USER, version=v2)
-        wait_for(
-            lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
-        )
-        time.sleep(1)
-        assert load.mix()["v2"] > 0
-        [v2_instance] = [i for i in live_instances(deployment) if i.version_id == v2.pk]
-        kill_between_requests(load, world, v2_instance)
-        serving(deployment, 1)
-    assert load.failures() == []
-    d = state(deployment)
-    assert f"instance {v2_instance.name} of v2 crashed" in d.status_message
-    settled(world, deployment, 1)
-
-
 def ready_again(deployment: Deployment, version, count: int, lost: str):
     def whole():
         ready = [
@@ -204,7 +172,7 @@ def test_a_killed_serving_instance_is_replaced(rollout_world):
     serving(deployment, 1)
     with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
         victim = live_instances(deployment)[0]
-        kill_between_requests(load, world, victim)
+        kill_between_requests(load, world.run_root, victim)
         ready_again(deployment, v1, 2, victim.name)
         time.sleep(1)  # requests on the replacement too
     assert load.failures() == []
@@ -222,7 +190,7 @@ def test_a_killed_old_instance_is_replaced_mid_rollout_and_the_rollout_goes_on(c
             lambda: in_bake(deployment, 1), 120, "the 50% stage", explain=lambda: why(deployment)
         )
         [victim] = [i for i in live_instances(deployment) if i.version_id == v1.pk]
-        kill_between_requests(load, world, victim)
+        kill_between_requests(load, world.run_root, victim)
         ready_again(deployment, v1, 1, victim.name)
         started = time.time()
         wait_for(lambda: load.mix(since=started)["v1"] > 0, 30, "v1 answering again")
