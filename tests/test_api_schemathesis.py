@@ -22,7 +22,7 @@ from schemathesis.engine import Status, events, from_schema  # noqa: E402
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SEED = 20261205
-MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "15"))  # 100+ for a deep run
+MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "10"))  # 100+ for a deep run
 CHECKS = (
     "not_a_server_error",
     "status_code_conformance",

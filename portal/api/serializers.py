@@ -613,13 +613,6 @@ def regional_of(group: MultiRegionDeployment) -> list[Deployment]:
     return sorted(group.regional.all(), key=lambda deployment: deployment.wave)
 
 
-def wave_bake_ends_at(group: MultiRegionDeployment) -> datetime | None:
-    """When the bake between waves under way ends, or None."""
-    if group.wave_phase != "bake" or group.bake_started_at is None:
-        return None
-    return _instant(group.bake_started_at + group.wave_bake_seconds)
-
-
 class MultiRegionDeploymentOut(serializers.ModelSerializer):
     team = serializers.CharField(source="model.team.slug", read_only=True)
     target_version = serializers.IntegerField(source="target_version.number", read_only=True)
@@ -668,7 +661,7 @@ class MultiRegionDeploymentOut(serializers.ModelSerializer):
                     "current": group.current_wave,
                     "count": len(regional_of(group)),
                     "phase": group.wave_phase,
-                    "bake_ends_at": wave_bake_ends_at(group),
+                    "bake_ends_at": _instant(group.wave_bake_ends_at),
                 }
             ).data
         )

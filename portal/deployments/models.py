@@ -684,3 +684,10 @@ class MultiRegionDeployment(models.Model):
     @property
     def team_id(self) -> int:
         return self.model.team_id
+
+    @property
+    def wave_bake_ends_at(self) -> float | None:
+        """Unix time the bake between waves under way ends; None when none bakes."""
+        if self.wave_phase != WavePhase.BAKE or self.bake_started_at is None:
+            return None
+        return self.bake_started_at + self.wave_bake_seconds

@@ -18,7 +18,6 @@ from portal.deployments.models import (
     DeploymentEvent,
     InstanceState,
     MultiRegionDeployment,
-    WavePhase,
 )
 from portal.deployments.status import DeploymentStatus, describe
 from portal.web import summaries
@@ -90,13 +89,6 @@ def timeline(group: MultiRegionDeployment) -> list[DeploymentEvent]:
     )
 
 
-def bake_ends_at(group: MultiRegionDeployment) -> float | None:
-    """Unix time the bake between waves under way ends, or None."""
-    if group.wave_phase != WavePhase.BAKE or group.bake_started_at is None:
-        return None
-    return group.bake_started_at + group.wave_bake_seconds
-
-
 @login_required
 def multi_region_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
     ctx = team_context(request, team)
@@ -115,7 +107,7 @@ def multi_region_detail(request: HttpRequest, team: str, pk: int) -> HttpRespons
             "model": group.model,
             "rows": rows,
             "wave_count": len(rows),
-            "bake_ends_at": bake_ends_at(group),
+            "bake_ends_at": group.wave_bake_ends_at,
             "next_region": next_region,
             "actions": actions,
             "action_names": [name for name, _ in actions],
