@@ -47,6 +47,24 @@ def pytest_configure(config):
     settings.SECURE_SSL_REDIRECT = False
 
 
+#: The xdist group of the tests that run whole platforms (a Celery worker, a gateway and instances
+#: as processes): ``--dist loadgroup`` runs them on one worker, one after another. Two at once on
+#: two cores starve each other's instances (a rollout test took 4x as long beside another).
+PLATFORM_GROUP = "platform"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Group the tests that use the rollout world, and mark the peers' suites slow (their files
+    stay as their projects wrote them, so the mark is given here)."""
+    peers = ROOT / "tests" / "peers"
+    for item in items:
+        if "rollout_world" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(PLATFORM_GROUP))
+        if peers in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     """Test users need no slow password hashing; it would dominate the API tests' run time."""

@@ -122,6 +122,7 @@ def test_a_logits_processor_vllm_could_not_load_is_named(names, problem):
     assert len(problems) == 1 and problem in problems[0], problems
 
 
+@pytest.mark.slow
 def test_model_json_mode_fails_the_build_on_a_bad_processor(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is installed --no-deps in the dev environment")
     path = tmp_path / "model.json"

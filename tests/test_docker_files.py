@@ -164,6 +164,7 @@ def test_serving_image_registers_the_processor_under_no_entry_point():
     )
 
 
+@pytest.mark.slow
 def test_serving_image_logits_processor_check_passes_as_at_build_time(tmp_path):
     """The build step, run here against the installed vLLM 0.24.0 and this checkout's serving
     package: only the image's paths and its python3 are swapped for local ones."""

@@ -17,12 +17,14 @@ import pytest
 import redis
 
 from tests.conftest import stop_process_group
+from tests.isolation import spare_redis_url
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_DB_URL = "redis://127.0.0.1:6379/14"
+REDIS_DB_URL = spare_redis_url()  # the platform under test must not share the tests' database
 
-pytestmark = pytest.mark.e2e
+# It runs a whole platform: one at a time with the rollout tests (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("platform")]
 
 
 def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):

@@ -407,7 +407,11 @@ def _rollout_failure(deployment: Deployment, view: View) -> str | None:
 
 
 def _error_rate_breach(deployment: Deployment, view: View) -> str | None:
-    total = deployment.step.requests_since_baseline(_counts(view, deployment.target_version))
+    now = _counts(view, deployment.target_version)
+    step = deployment.step.with_late_baselines(now)
+    if step is not deployment.step:
+        _update(deployment, step=step)
+    total = step.requests_since_baseline(now)
     if total.total < settings.ROLLOUT_MIN_REQUESTS:
         return None
     rate = total.failure / total.total
@@ -559,12 +563,18 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
 def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     if not get_launcher(deployment.region).traffic_applied(deployment.step.generation):
         return _waiting(deployment, "Waiting for the gateways to take the new traffic split.")
+    baseline = _counts(view, deployment.target_version)
     _update(
         deployment,
         step=deployment.step.but(
             phase=Phase.BAKE,
             bake_started_at=time.time(),
-            baseline=_counts(view, deployment.target_version),
+            baseline=baseline,
+            unread=tuple(
+                row.name
+                for row in view.ready(deployment.target_version)
+                if row.name not in baseline
+            ),
         ),
         status_message=(
             f"{_stage_words(plan, deployment.current_stage)}baking for {deployment.bake_seconds} s."

@@ -74,6 +74,11 @@ class RolloutStep:
     #: error rate is over the requests since.
     bake_started_at: float = 0.0
     baseline: dict[str, RequestCounts] = field(default_factory=dict)
+    #: Instances that were ready when the bake began but whose counts could not be read then
+    #: (a scrape timed out on a busy machine): their first reading becomes their baseline.
+    #: Counting them from zero instead would dilute the bake's error rate with every request
+    #: they answered before it.
+    unread: tuple[str, ...] = ()
     #: Why a rollback began, for the event that ends it.
     reason: str = ""
     #: A person promoted the rollout: no stage bakes any more, the last one ends at once.
@@ -85,11 +90,24 @@ class RolloutStep:
 
     def requests_since_baseline(self, now: dict[str, RequestCounts]) -> RequestCounts:
         """The requests the instances counted since the bake began (an instance with no
-        baseline, e.g. one started during the bake, counts from zero)."""
+        baseline, e.g. one started during the bake, counts from zero; one still ``unread``
+        has no baseline yet and is left out)."""
         total = RequestCounts()
         for name, counts in now.items():
-            total += counts - self.baseline.get(name, RequestCounts())
+            if name not in self.unread:
+                total += counts - self.baseline.get(name, RequestCounts())
         return total
+
+    def with_late_baselines(self, now: dict[str, RequestCounts]) -> RolloutStep:
+        """This step with the ``unread`` instances read in ``now`` given their baseline; the
+        same step when ``now`` reads none of them."""
+        late = {name: now[name] for name in self.unread if name in now}
+        if not late:
+            return self
+        return self.but(
+            baseline={**self.baseline, **late},
+            unread=tuple(name for name in self.unread if name not in late),
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> RolloutStep:
@@ -104,6 +122,7 @@ class RolloutStep:
                 name: RequestCounts(float(success), float(failure))
                 for name, (success, failure) in data.get("baseline", {}).items()
             },
+            unread=tuple(str(name) for name in data.get("unread", ())),
             reason=str(data.get("reason", "")),
             promoted=bool(data.get("promoted", False)),
         )
@@ -120,6 +139,8 @@ class RolloutStep:
         if self.bake_started_at:
             data["bake_started_at"] = self.bake_started_at
             data["baseline"] = {name: c.as_list() for name, c in self.baseline.items()}
+        if self.unread:
+            data["unread"] = list(self.unread)
         if self.reason:
             data["reason"] = self.reason
         if self.promoted:

@@ -6,7 +6,7 @@ and a value vLLM refuses (an unknown ``kv_cache_dtype``, ``gpu_memory_utilizatio
 fails later, at engine start, on a GPU. Both are checked here, when a version is registered.
 
 vLLM is not installed where the portal runs (its image, ``./dev run`` with the cpu extra), so
-this is a table, not an import. tests/test_engine_args_vllm.py compares it, name by name and
+this is a table, not an import. tests/registry/test_engine_args_vllm.py compares it, name by name and
 type by type, with the installed pinned vLLM, so the table cannot drift from what it describes.
 This module imports nothing from Django models, so the models themselves can use it.
 """

@@ -17,7 +17,7 @@ Returned logprobs are not computed from either: vLLM's default ``logprobs_mode``
 :meth:`serving.engine.core.Engine._sample_and_emit`).
 
 Everything here is a pure function of a 1-D float tensor and the request's options, so the
-formulas can be checked against vLLM's own (``tests/serving/test_sampling.py``).
+formulas can be checked against vLLM's own (``tests/serving/engine/test_sampling.py``).
 """
 
 from __future__ import annotations

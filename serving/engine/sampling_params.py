@@ -38,7 +38,7 @@ from serving.limits import BadBody, check_json_depth
 
 # vLLM 0.24.0 ``SamplingParams`` fields whose annotation is in the backend's ``type_mapping``
 # (``int``, ``float``, ``bool``, ``str``, ``Optional[int]``), with the type it converts them to.
-# ``tests/serving/test_sampling_params.py`` rebuilds this from the installed vLLM.
+# ``tests/serving/engine/test_sampling_params.py`` rebuilds this from the installed vLLM.
 TRITON_CONVERTED_FIELDS: dict[str, type] = {
     "n": int,
     "presence_penalty": float,

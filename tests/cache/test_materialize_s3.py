@@ -196,6 +196,7 @@ def slow_copy_env(monkeypatch, settings):
     settings.MODEL_CACHE_LEASE_SECONDS = 2
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_resumed_without_fetching_finished_ranges(
     worker_cache, s3, slow_copy_env, clean_redis, team, release
 ):

@@ -84,6 +84,7 @@ def test_engines_apply_identical_masks_on_the_same_streams(vocab, kind):
         assert result["steps"] == 3 and result["step_us"]["p50"] > 0
 
 
+@pytest.mark.slow
 def test_results_render_to_markdown(vocab, tmp_path, monkeypatch):
     engines = [e for e in available(("native", "reference", "baseline")) if e != "baseline"]
     out = tmp_path / "constraints.json"

@@ -20,6 +20,7 @@ NATIVE = ROOT / "native"
 SANITIZE = os.environ.get("CONSTRAINTS_SANITIZE") == "1"
 
 
+@pytest.mark.slow
 def test_batch_core(tmp_path: Path) -> None:
     compiler = shutil.which("g++")
     if compiler is None:

@@ -241,3 +241,15 @@ def explain(deployment: Deployment, run_root: Path) -> str:
 
 def live_instances(deployment: Deployment) -> list[Instance]:
     return list(deployment.instances.exclude(state__in=["stopped", "failed"]))
+
+
+def in_bake(deployment: Deployment, stage: int) -> bool:
+    """The stage bakes, and its baseline holds every new instance's counts: what is sent from now
+    on is judged by the bake (an instance unread when the bake began has no baseline yet)."""
+    deployment.refresh_from_db()
+    return (
+        deployment.observed_state == "progressing"
+        and deployment.current_stage == stage
+        and deployment.step.phase == "bake"
+        and not deployment.step.unread
+    )

@@ -14,11 +14,11 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from portal.registry.models import ModelVersion, VersionState
-from tests.api_helpers import ok
+from tests.api.helpers import ok
 from tests.deployments.rollout_helpers import explain, wait_for
 from tests.plugin_examples import example_wheels, make_bigram_checkpoint
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SERVED_NAME = "search--bigram"
 MAX_TOKENS = 16

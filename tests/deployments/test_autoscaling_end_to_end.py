@@ -13,7 +13,7 @@ import pytest
 from portal.deployments.models import Deployment
 from tests.deployments.rollout_helpers import Load, explain, live_instances, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SERVED_NAME = "search--chat"
 

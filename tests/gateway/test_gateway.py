@@ -156,6 +156,7 @@ def test_unknown_routes_and_empty_routes_answer_with_clear_errors(client, gatewa
     assert httpx.get(url + "/models/search/chat", headers=SEARCH_AUTH).status_code == 404
 
 
+@pytest.mark.slow
 def test_a_backend_that_refuses_connections_is_skipped_without_failing_anyone(
     client, gateway, backends
 ):

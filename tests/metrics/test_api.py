@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from portal.metrics.services import CHARTS, scrape_live_instances
-from tests.api_helpers import api_error, ok
+from tests.api.helpers import api_error, ok
 from tests.factories import make_deployment, make_model, make_version
 from tests.metrics.helpers import Answer, EngineExposition, add_instance, loopback_source
 

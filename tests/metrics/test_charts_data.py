@@ -22,7 +22,7 @@ from portal.metrics.services import (
     series,
     version_series,
 )
-from tests.api_helpers import api_error, ok
+from tests.api.helpers import api_error, ok
 from tests.factories import make_version
 from tests.metrics.helpers import Answer, EngineExposition, loopback_source
 

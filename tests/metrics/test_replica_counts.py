@@ -13,7 +13,7 @@ from portal.deployments.autoscaling import ScalingState
 from portal.deployments.models import Deployment, InstanceState, ObservedState
 from portal.metrics.models import MetricPoint
 from portal.metrics.services import CHARTS, VALUE_FIELDS, scrape_live_instances, series
-from tests.api_helpers import ok
+from tests.api.helpers import ok
 from tests.factories import make_deployment, make_model, make_version
 from tests.metrics.helpers import Answer, EngineExposition, add_instance, loopback_source
 

@@ -19,6 +19,7 @@ from tests.ports import free_port
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.slow
 def test_a_real_instance_gives_rates_and_quantiles_after_requests(deployment, real_instance):
     instance = add_instance(deployment, "real-1", real_instance.metrics_url)
     first = scrape_live_instances()

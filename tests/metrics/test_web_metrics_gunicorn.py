@@ -78,6 +78,7 @@ def not_found_count(url: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_path, clean_redis):
     server, url = start_gunicorn(tmp_path / "var")
     try:

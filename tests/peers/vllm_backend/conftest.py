@@ -34,8 +34,8 @@ from serving.package import vllm_repository_files
 from .runner import PEER_FILES, peer_module
 
 PEERS = Path(__file__).resolve().parent
-# Triton's python_backend example add_sub, as upstream wrote it (tests/python_backend/).
-ADD_SUB = PEERS.parents[1] / "python_backend" / "peer_models" / "add_sub"
+# Triton's python_backend example add_sub, as upstream wrote it (tests/serving/python_backend/).
+ADD_SUB = PEERS.parents[1] / "serving" / "python_backend" / "peer_models" / "add_sub"
 ROOT = PEERS.parents[2]
 # The tests do ``sys.path.append("../../common")`` (relative to their own directory, which is
 # where test.sh runs them); under pytest the working directory differs, so put it here.
