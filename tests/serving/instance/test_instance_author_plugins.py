@@ -46,14 +46,14 @@ with open(sys.argv[1], "w") as f:
 sys.exit(1)
 """
 
+pytestmark = pytest.mark.slow  # starts engines or whole platforms: see ./dev test --fast
+
 # vLLM 0.24's own loaders, run in the environment the engine got.
 VLLM_LOADERS = """
 import importlib, json, sys
 from vllm import ModelRegistry
 from vllm.plugins import load_plugins_by_group
 from vllm.v1.sample.logits_processor import (
-
-pytestmark = pytest.mark.slow  # starts engines or whole platforms: see ./dev test --fast
     _load_custom_logitsprocs, _load_logitsprocs_by_fqcns, _load_logitsprocs_plugins)
 named = json.loads(sys.argv[1])
 name = lambda c: f"{c.__module__}:{c.__qualname__}"
