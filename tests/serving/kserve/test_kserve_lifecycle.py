@@ -48,6 +48,10 @@ def test_ports_open_only_when_ready_and_sigterm_drains_streams(model_repository,
         str(ports["grpc"]),
         "--metrics-port",
         str(ports["metrics"]),
+        # Four 600-token streams must finish inside the drain: 30 s (the default) was too short
+        # with both cores taken by other work (./dev test --under-load).
+        "--exit-timeout-secs",
+        "300",
     )
     # Python has not even imported torch yet, let alone loaded the weights.
     assert all(_refused(port) for port in ports.values())
