@@ -1,5 +1,5 @@
 """Keep every core busy, for ``./dev test --under-load``: one busy-looping process per core (or
-``--processes N``), niced to nothing, until this process is stopped or its parent dies.
+``--processes N``) at normal priority, until this process is stopped or its parent dies.
 
 The suite must hold on a machine whose cores are taken by something else; this is that something
 else. It reaches no network and writes nothing.

@@ -27,13 +27,12 @@ from urllib.parse import urlsplit, urlunsplit
 _FIRST_DB = 15
 
 
-def worker_index() -> int:
-    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return int(name.removeprefix("gw") or 0)
-
-
 def worker_name() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+
+
+def worker_index() -> int:
+    return int(worker_name().removeprefix("gw") or 0)
 
 
 def _redis_db_url(base: str, db: int) -> str:
