@@ -8,7 +8,7 @@ and UndefinedBehaviorSanitizer (see native/README.md).
 import os
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 
 sanitize = os.environ.get("CONSTRAINTS_SANITIZE") == "1"
@@ -23,6 +23,10 @@ if sanitize:
     # -Werror here: ./dev test builds this in CI, so any warning fails the run.
     compile_args = ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", *flags]
     link_args = ["-pthread", *flags]
+
+# One compiler process per source file, as many at once as there are cores (NPY_NUM_BUILD_JOBS
+# to choose): the install and the sanitizer build each compile seven files.
+ParallelCompile("NPY_NUM_BUILD_JOBS").install()
 
 setup(
     ext_modules=[

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -301,6 +302,11 @@ def stop_process_group(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        warnings.warn(
+            f"{' '.join(map(str, proc.args))[:200]} had not exited {grace:.0f} s after "
+            f"{first.name}; killed",
+            stacklevel=2,
+        )
 
 
 @pytest.fixture

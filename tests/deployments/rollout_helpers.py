@@ -124,9 +124,11 @@ class Load:
     key: str = ""
     #: Tokens per completion (with ``ignore_eos``, each request takes that many decode steps).
     max_tokens: int = 3
-    #: Each client's pause between two requests: a paced caller rather than a busy loop, where
-    #: a test needs the CPU left for the instances it starts under load.
-    pause_seconds: float = 0.0
+    #: Each client's pause between two requests. Paced by default: three callers at about 20
+    #: requests a second each keep every instance busy through a rollout, while a busy loop would
+    #: take the cores the instances start on (and the other test worker's). A test that needs
+    #: saturated instances (autoscaling) passes 0.
+    pause_seconds: float = 0.05
     results: list[Result] = field(default_factory=list)
     #: The instances that answered (``X-Served-By``).
     instances: set[str] = field(default_factory=set)

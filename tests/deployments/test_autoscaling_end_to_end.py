@@ -52,7 +52,9 @@ def test_load_scales_out_and_back_then_to_zero_and_a_held_request_wakes_it(rollo
 
     wait_for(lambda: fresh(deployment).observed_state == "serving", 120, "serving", explain=why)
 
-    with Load(url, SERVED_NAME, clients=4, key=world.caller_key, max_tokens=48) as load:
+    with Load(
+        url, SERVED_NAME, clients=4, key=world.caller_key, max_tokens=48, pause_seconds=0
+    ) as load:
         wait_for(
             lambda: fresh(deployment).replicas == 2 and ready_count(deployment) == 2,
             120,

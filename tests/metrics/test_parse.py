@@ -23,6 +23,7 @@ def served(real_instance) -> tuple[str, str, int]:
     return before, httpx.get(real_instance.metrics_url).text, 3
 
 
+@pytest.mark.slow  # a real instance starts for them (10-12 s)
 def test_a_real_exposition_reads_as_the_requests_sent(served):
     before_text, after_text, sent = served
     before, after = parse_exposition(before_text), parse_exposition(after_text)
@@ -43,6 +44,7 @@ def test_a_real_exposition_reads_as_the_requests_sent(served):
     assert 0 < interval.ttft.quantile(0.5) <= interval.ttft.quantile(0.99)
 
 
+@pytest.mark.slow  # a real instance starts for them (10-12 s)
 def test_the_rollout_signals_read_the_same_counts(served):
     _, text, _ = served
     snapshot = parse_exposition(text)
@@ -51,6 +53,7 @@ def test_the_rollout_signals_read_the_same_counts(served):
     assert counts.total >= 3
 
 
+@pytest.mark.slow  # a real instance starts for them (10-12 s)
 def test_counters_read_the_same_with_or_without_their_type_lines(served):
     _, text, _ = served
     counter_families = re.findall(r"^# TYPE (\S+) counter$", text, flags=re.MULTILINE)
@@ -63,6 +66,7 @@ def test_counters_read_the_same_with_or_without_their_type_lines(served):
     assert parse_exposition(untyped) == parse_exposition(text)
 
 
+@pytest.mark.slow  # a real instance starts for them (10-12 s)
 def test_a_reading_survives_json(served):
     _, text, _ = served
     snapshot = parse_exposition(text)
