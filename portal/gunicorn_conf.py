@@ -20,6 +20,12 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 #: request open for up to 20 s (a bounded long poll, see portal.deployments.logs), which must
 #: not take a whole worker process from everyone else.
 threads = int(os.environ.get("WEB_THREADS", "8"))
+#: Seconds an idle keep-alive connection stays open. Gunicorn's default, 2, is below what clients
+#: and load balancers keep an idle connection for (httpx 5 s, AWS ALB 60 s): a client sending on
+#: a connection the server is closing that moment gets "Server disconnected without sending a
+#: response". Above the balancer's idle timeout, the balancer closes first. Idle connections wait
+#: in the gthread worker's poller and hold no thread.
+keepalive = int(os.environ.get("WEB_KEEPALIVE_SECONDS", "75"))
 accesslog = "-"
 graceful_timeout = 20
 

@@ -41,15 +41,18 @@ def make_wheel(
     requires: list[str] | None = None,
     files: dict[str, str] | None = None,
     tag: str = "py3-none-any",
+    description: str = "",
+    compression: int = zipfile.ZIP_STORED,
 ) -> Path:
     """A wheel as pip would install it: ``files`` (path: source) plus the dist-info
-    (``METADATA``, ``WHEEL``, ``entry_points.txt``, ``RECORD``)."""
+    (``METADATA``, with ``description`` as its body, ``WHEEL``, ``entry_points.txt``,
+    ``RECORD``)."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     members: dict[str, str] = dict(files or {})
     metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {r}" for r in requires or []]
-    members[f"{info}/METADATA"] = "\n".join(metadata) + "\n"
+    members[f"{info}/METADATA"] = "\n".join(metadata) + "\n" + (description and f"\n{description}")
     members[f"{info}/WHEEL"] = (
         f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
     )
@@ -65,7 +68,7 @@ def make_wheel(
     members[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / f"{dist}-{version}-{tag}.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
+    with zipfile.ZipFile(wheel, "w", compression=compression) as archive:
         for path, text in members.items():
             archive.writestr(path, text)
     return wheel

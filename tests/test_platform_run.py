@@ -40,6 +40,7 @@ def test_dev_demo_brings_up_the_platform_and_calls_the_demo_model(tmp_path):
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         PORTAL_PORT=str(port),
         GATEWAY_PORT=str(gateway_port),
+        GATEWAY_METRICS_PORT=str(free_port()),
         REDIS_URL=REDIS_DB_URL,
         VENV=sys.prefix,
     )

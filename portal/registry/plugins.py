@@ -67,6 +67,17 @@ _ENTRY_VALUE = re.compile(rf"^({_DOTTED})\s*:\s*({_DOTTED})$")
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 #: Bound on what the members unpack to (a zip bomb is refused before anything is read).
 UNPACKED_RATIO = 4
+#: The most of ``METADATA`` and ``entry_points.txt`` inflated (real ones are a few kB; a long
+#: README makes a METADATA of a few hundred kB): a small upload whose METADATA inflates to
+#: hundreds of MB is refused after this much, not after holding a web worker for seconds.
+METADATA_MAX_BYTES = 1 << 20
+ENTRY_POINTS_MAX_BYTES = 64 << 10
+#: A member inflating to more than this many times its compressed size is a decompression bomb
+#: (code and data compress 2 to 10 times; deflate's own limit is about 1,000), refused from its
+#: declared sizes before anything is inflated; members under RATIO_CHECKED_FROM may compress
+#: as well as they like.
+MEMBER_RATIO_MAX = 100
+RATIO_CHECKED_FROM = 1 << 20
 
 
 class PluginRefused(ValueError):
@@ -190,6 +201,13 @@ def _check_members(archive: zipfile.ZipFile, filename: str, max_bytes: int) -> l
             )
         if (info.external_attr >> 16) & 0o170000 == 0o120000:
             raise PluginRefused(f"{filename}: member {name!r} is a symbolic link")
+        if info.file_size > RATIO_CHECKED_FROM and info.file_size > MEMBER_RATIO_MAX * max(
+            info.compress_size, 1
+        ):
+            raise PluginRefused(
+                f"{filename}: member {name!r} inflates {info.compress_size} bytes to "
+                f"{info.file_size} (over {MEMBER_RATIO_MAX} times): refused as a decompression bomb"
+            )
         unpacked += info.file_size
         if unpacked > UNPACKED_RATIO * max_bytes:
             raise PluginRefused(f"{filename}: unpacks to over {UNPACKED_RATIO * max_bytes} bytes")
@@ -197,9 +215,23 @@ def _check_members(archive: zipfile.ZipFile, filename: str, max_bytes: int) -> l
     return names
 
 
+def _read_small(archive: zipfile.ZipFile, filename: str, member: str, max_bytes: int) -> bytes:
+    """A member known to be small, refused from its declared size, and inflated no further than
+    ``max_bytes`` whatever it declares. Raises KeyError when the archive lacks it."""
+    info = archive.getinfo(member)
+    over = PluginRefused(f"{filename}: {member} is over {max_bytes} bytes")
+    if info.file_size > max_bytes:
+        raise over
+    with archive.open(info) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise over
+    return data
+
+
 def _read_metadata(archive: zipfile.ZipFile, filename: str, dist_info: str) -> Metadata:
     try:
-        text = archive.read(f"{dist_info}/METADATA")
+        text = _read_small(archive, filename, f"{dist_info}/METADATA", METADATA_MAX_BYTES)
     except KeyError as exc:
         raise PluginRefused(f"{filename}: no {dist_info}/METADATA") from exc
     try:
@@ -214,7 +246,9 @@ def _read_entry_points(
 ) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {group: {} for group in GROUPS}
     try:
-        text = archive.read(f"{dist_info}/entry_points.txt").decode("utf-8")
+        text = _read_small(
+            archive, filename, f"{dist_info}/entry_points.txt", ENTRY_POINTS_MAX_BYTES
+        ).decode("utf-8")
     except KeyError:
         text = ""
     except UnicodeDecodeError as exc:

@@ -11,7 +11,8 @@ revocation is in force at every gateway within about a second; an expiry needs n
 Keys under ``prefix`` (the routing table's, default ``gateway``):
 
 - ``{prefix}:keys``: JSON ``{"keys": [...], "teams": {...}}`` (:func:`document`);
-- ``{prefix}:keys:generation``: a counter moved on every publication;
+- ``{prefix}:keys:generation``: a counter moved on every publication
+  (:func:`.table.next_generation`);
 - ``{prefix}:key_last_used``: hash of key prefix → Unix time of its last accepted request.
 
 A key is scoped to one team's models: all of them, or a list of model slugs. Limits (requests
@@ -30,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
+
+from serving.gateway import table
 
 SCHEME = "mlk"
 #: Without ``max_tokens`` a request may generate up to its context; the token limit counts this
@@ -117,7 +120,7 @@ def publish(client: redis.Redis, text: str, prefix: str = "gateway") -> int:
     caller serializes publications (the portal holds a lock and builds ``text`` inside it)."""
     with client.pipeline(transaction=True) as pipe:
         pipe.set(f"{prefix}:keys", text)
-        pipe.incr(f"{prefix}:keys:generation")
+        table.next_generation(pipe, f"{prefix}:keys:generation")
         _, generation = pipe.execute()
     return int(generation)
 

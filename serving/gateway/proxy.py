@@ -491,10 +491,19 @@ def split_path(tail: str) -> tuple[str, str]:
 
 
 def make_app(gateway: Gateway) -> web.Application:
+    """What callers reach. ``/metrics`` is not here: it names every team's routes and models,
+    so it is served on a port of its own (:func:`make_metrics_app`)."""
     app = web.Application(client_max_size=gateway.max_body_bytes)
     app.router.add_get("/healthz", gateway.healthz)
-    app.router.add_get("/metrics", gateway.metrics_page)
     app.router.add_route("*", "/models/{tail:.+}", gateway.proxy)
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
+    return app
+
+
+def make_metrics_app(gateway: Gateway) -> web.Application:
+    """``/metrics`` alone, for the metrics port (``--metrics-port``), which a cluster's
+    scrapers reach and its load balancer does not expose."""
+    app = web.Application()
+    app.router.add_get("/metrics", gateway.metrics_page)
     return app

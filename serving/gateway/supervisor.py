@@ -8,6 +8,12 @@ table: it only forks the processes, says ready once all of them listen, starts a
 (backing off when one keeps dying at once), and on SIGTERM passes the signal on and waits for
 them to drain.
 
+Its processes die with it: each asks the kernel for SIGTERM when the supervisor dies (so a
+supervisor killed with SIGKILL leaves no process serving untracked; each drains what it has in
+flight and exits). And a supervisor starts none while anything else listens on its port (an
+orphan of an older gateway, another program): processes sharing a port through SO_REUSEPORT
+would split its connections between them.
+
 Metrics stay whole across processes: the supervisor points prometheus_client's multiprocess
 mode at a fresh directory before anything imports it (which is why :mod:`serving.gateway`'s
 entry point imports the proxy only in the worker), each process writes its values there, and
@@ -17,11 +23,15 @@ entry point imports the proxy only in the worker), each process writes its value
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
+import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +45,7 @@ log = logging.getLogger("serving.gateway.supervisor")
 QUICK_DEATH_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 30.0
 POLL_SECONDS = 0.1
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: prometheus_client reads it when its first metric is made.
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -42,6 +53,17 @@ ServeOne = Callable[[argparse.Namespace, Callable[[], None]], int]
 
 
 def supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
+    ports = [(args.host, args.port)]
+    if args.metrics_port:
+        ports.append((args.metrics_host or args.host, args.metrics_port))
+    for host, port in ports:
+        if not port_free(host, port, args.port_wait):
+            log.error(
+                "%s:%s is in use (processes of another gateway still listening?): not starting",
+                host,
+                port,
+            )
+            return 1
     metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
     os.environ[MULTIPROCESS_DIR_VARIABLE] = metrics_dir
     try:
@@ -57,9 +79,12 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
     ready = context.SimpleQueue()
     stopping = False
 
+    supervisor = os.getpid()
+
     def child(slot: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the worker installs its own
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with_parent(supervisor)
         raise SystemExit(serve_one(args, lambda: ready.put(slot)))
 
     def start(slot: int) -> BaseProcess:
@@ -119,6 +144,8 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
             if not stopping:
                 workers[slot] = start(slot)
                 started_at[slot] = time.monotonic()
+                if stopping:  # a SIGTERM handled while it forked passed it by
+                    workers[slot].terminate()
         while not ready.empty():
             ready.get()  # replacements say they listen; nothing waits on it any more
         time.sleep(POLL_SECONDS)
@@ -133,4 +160,36 @@ def _supervise(args: argparse.Namespace, serve_one: ServeOne) -> int:
 def _sleep_unless(stop: Callable[[], bool], seconds: float) -> None:
     end = time.monotonic() + seconds
     while not stop() and time.monotonic() < end:
+        time.sleep(POLL_SECONDS)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when ``parent`` dies (Linux); exit now if it
+    died already, before the request was made."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %s", ctypes.get_errno())
+    if os.getppid() != parent:
+        raise SystemExit(0)
+
+
+def port_free(host: str, port: int, wait_seconds: float) -> bool:
+    """Whether nothing listens on ``host:port``, waiting up to ``wait_seconds`` for it to be.
+    A socket without SO_REUSEPORT cannot bind beside a listening one, SO_REUSEPORT or not
+    (SO_REUSEADDR lets it bind over connections still closing)."""
+    deadline = time.monotonic() + wait_seconds
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    while True:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+            else:
+                return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(POLL_SECONDS)

@@ -7,7 +7,8 @@ instance left out of the table no longer gets new requests (:func:`applied_gener
 
 Keys under ``prefix`` (default ``gateway``):
 
-- ``{prefix}:routes``: JSON ``{"generation": g, "routes": [...]}``; ``{prefix}:generation``: g.
+- ``{prefix}:routes``: JSON ``{"generation": g, "routes": [...]}``; ``{prefix}:generation``: g,
+  moved by :func:`next_generation`, so it never goes back, even after Redis lost its data.
   A route's ``wake`` is the id of its deployment when that deployment scales to zero: a
   gateway holds a request for such a route while it has no ready backend, and asks for the
   wake (:mod:`serving.gateway.activator`); absent or null, such a request is answered 503.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,9 +64,32 @@ class RouteEntry:
     wake: int | None = None
 
 
+#: INCR, but a counter Redis does not hold starts at ARGV[1] (see :func:`next_generation`).
+_NEXT_GENERATION = (
+    "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[1]) end "
+    "return redis.call('INCR', KEYS[1])"
+)
+
+
+def next_generation(client: redis.Redis | redis.client.Pipeline, key: str) -> Any:
+    """Move the counter ``key`` on: its next number, or, in a pipeline, the pipeline itself.
+
+    Whatever waits for "generation g or newer" (the controller for the gateways, a Kubernetes
+    route's annotation) must see every table published after Redis lost its data (a restart
+    without persistence, a FLUSHDB) as newer than those before, or it waits for ever for a
+    number the restarted counter has not reached. So a counter Redis does not hold starts at the
+    clock's microseconds, not at 0: past any number the lost counter reached, unless it was moved
+    more than a million times a second on average since it started (the numbers stay below
+    2**53, exact in JSON, Lua and Prometheus)."""
+    seed = time.time_ns() // 1_000
+    if isinstance(client, redis.client.Pipeline):
+        return client.eval(_NEXT_GENERATION, 1, key, seed)
+    return int(client.eval(_NEXT_GENERATION, 1, key, seed))  # type: ignore[arg-type]
+
+
 def publish(client: redis.Redis, routes: list[RouteEntry], prefix: str = "gateway") -> int:
     """Replace the table; returns its generation."""
-    generation = int(client.incr(f"{prefix}:generation"))
+    generation = next_generation(client, f"{prefix}:generation")
     document = {"generation": generation, "routes": [asdict(route) for route in routes]}
     # A later generation published concurrently must not be overwritten by this older one.
     script = client.register_script(

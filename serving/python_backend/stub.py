@@ -38,11 +38,25 @@ AUTHOR_PATH = str(Path(__file__).resolve().parent / "author_path")
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` then the frames, as Triton's stub reports a Python error."""
-    head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    """``Type: message`` then the frames, as Triton's stub reports a Python error: for the errors
+    only the model's author sees (loading, ``is_ready``, ``finalize``)."""
+    head = exception_head(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     return f"{head}\n\nAt:\n{where}" if where else head
+
+
+def exception_head(exc: BaseException) -> str:
+    """``Type: message``: what a caller is told of an error in ``execute``. The frames name the
+    serving machine's paths (the run directory, this module), so they go to the instance's log
+    only (:func:`log_exception`)."""
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def log_exception(model: str, exc: BaseException) -> None:
+    """The whole traceback on stderr, which the server passes on to the instance's log."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    print(f"model '{model}': execute failed:\n{text}", file=sys.stderr, end="", flush=True)
 
 
 def _response_payload(response: pb_utils.InferenceResponse) -> tuple[Any, ...]:
@@ -315,7 +329,7 @@ class Stub:
                     def done(f: Any, requests: list[Any] = requests) -> None:
                         exc = f.exception()
                         if exc is not None:
-                            self._fail_open(batch_id, requests, describe_exception(exc))
+                            self._failed(batch_id, requests, exc)
 
                     future.add_done_callback(done)
                     self.channel.send(("executed", batch_id))
@@ -323,7 +337,13 @@ class Stub:
                 result = future.result()
             self._returned(batch_id, requests, result)
         except BaseException as exc:  # any error of the author's is reported
-            self._fail_open(batch_id, requests, describe_exception(exc))
+            self._failed(batch_id, requests, exc)
+
+    def _failed(
+        self, batch_id: int, requests: list[pb_utils.InferenceRequest], exc: BaseException
+    ) -> None:
+        log_exception(self.name, exc)
+        self._fail_open(batch_id, requests, exception_head(exc))
 
     def _returned(
         self, batch_id: int, requests: list[pb_utils.InferenceRequest], result: Any

@@ -41,10 +41,20 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2, explai
         time.sleep(interval)
 
 
+#: Each gateway's metrics URL by its URL: /metrics is served on a port of its own.
+_METRICS_URLS: dict[str, str] = {}
+
+
+def metrics_url(gateway_url: str) -> str:
+    """Where the gateway at ``gateway_url`` (started by :func:`start_gateway`) serves /metrics."""
+    return _METRICS_URLS[gateway_url]
+
+
 def start_gateway(
-    redis_url: str, *options: str, env: dict[str, str] | None = None
+    redis_url: str, *options: str, env: dict[str, str] | None = None, port: int | None = None
 ) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = port or free_port()
+    metrics_port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -54,6 +64,8 @@ def start_gateway(
             "127.0.0.1",
             "--port",
             str(port),
+            "--metrics-port",
+            str(metrics_port),
             "--redis-url",
             redis_url,
             *options,
@@ -68,7 +80,9 @@ def start_gateway(
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("GATEWAY READY"), line
-    return proc, f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    _METRICS_URLS[url] = f"http://127.0.0.1:{metrics_port}"
+    return proc, url
 
 
 class BearerKey(InferenceServerClientPlugin):

@@ -9,6 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
+from portal.core.redis_clients import redis_client
 from portal.deployments.launchers import k8s_objects as objects
 from portal.deployments.launchers.base import (
     Health,
@@ -318,6 +319,18 @@ def test_traffic_is_one_write_per_route_and_stale_routes_go(api, launcher):
     assert not launcher.traffic_applied(newer)  # its new spec is not accepted yet
     accept(api, "search-chat")
     assert launcher.traffic_applied(newer)
+
+
+def test_traffic_published_after_redis_lost_its_data_counts_as_newer(api, launcher):
+    """The generation a step waits for was taken before a FLUSHDB; the routes written after it
+    must satisfy it (a counter restarted at 1 left the controller waiting for ever)."""
+    v1, v2 = version_set(1), version_set(2)
+    before = launcher.set_traffic([red_black(v1, v2)])
+    redis_client().flushdb()
+    after = launcher.set_traffic([red_black(v1, v2, split=(0, 100))])
+    assert after > before
+    accept(api, "search-chat")
+    assert launcher.traffic_applied(before)
 
 
 def accept(api: FakeKubeApi, name: str) -> None:

@@ -14,10 +14,11 @@ import pytest
 import redis
 from django.conf import settings
 
-from portal.deployments import services
+from portal.deployments import routing, services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import redrive_deployments
+from serving.gateway import table
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (
@@ -244,26 +245,37 @@ def test_a_rollout_survives_its_worker_being_killed(chat):
 
 
 def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
-    """FLUSHDB mid-rollout (a Redis restart without persistence): the routing table, the
-    controller's markers and locks, the queued tasks and Celery's bindings are gone."""
+    """FLUSHDB mid-rollout (a Redis restart without persistence) while the controller waits for
+    the gateways to take stage 1's split: the routing table, the controller's markers and locks,
+    the queued tasks and Celery's bindings are gone. The table republished afterwards must count
+    as the split applied (once Redis's counter restarted at 1, the step waited for ever for the
+    generation it had published before the loss)."""
     world, model, _v1, v2, deployment = chat
     saved, saved_keys = tmp_path / "gateway-table.json", tmp_path / "gateway-keys.json"
     files = ("--table-file", str(saved), "--keys-file", str(saved_keys))
     saver, _ = start_gateway(settings.REDIS_URL, *files)
     client = redis.Redis.from_url(settings.REDIS_URL)
+    # A gateway slow to apply tables (its report says it runs none yet) holds the controller at
+    # "Waiting for the gateways to take the new traffic split" until this test lets it go.
+    laggard = f"{settings.GATEWAY_REDIS_PREFIX}:live:laggard"
+    client.set(laggard, 0)
     try:
         with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
             services.update_deployment(deployment, actor=USER, version=v2)
             wait_for(
-                lambda: in_bake(deployment, 1),
+                lambda: state(deployment).step.phase == "shift" and deployment.step.generation,
                 120,
-                "the 50% stage",
+                "stage 1's split published, the controller waiting for the gateways",
                 explain=lambda: why(deployment),
             )
+            waited_for = deployment.step.generation
             wait_for(
                 lambda: saved.exists() and saved_keys.exists(), 10, "the gateway's saved copies"
             )
-            client.flushdb()
+            with client.pipeline(transaction=True) as pipe:
+                pipe.flushdb()
+                pipe.set(laggard, 0)  # still behind after the loss
+                pipe.execute()
             fresh, fresh_url = start_gateway(settings.REDIS_URL, *files)
             try:
                 answer = httpx.post(
@@ -276,11 +288,21 @@ def test_a_rollout_survives_redis_losing_its_data(chat, tmp_path):
                 assert answer.status_code == 200, answer.text  # from the saved copies
             finally:
                 stop_process_group(fresh)
+            republished = routing.publish()  # what beat's publish_routes does every minute
+            assert republished > waited_for
+            client.set(laggard, republished)  # the laggard catches up with the newest table
+            wait_for(
+                lambda: (table.applied_generation(client) or 0) >= republished,
+                10,
+                "every gateway on the republished table",
+            )
+            client.delete(laggard)  # and leaves (a gateway stopped reporting)
             redrive_deployments.delay()  # what beat does every 3 s
             serving(deployment, 2)
         assert load.failures() == []
         settled(world, deployment, 1)
     finally:
+        client.delete(laggard)
         stop_process_group(saver)
 
 

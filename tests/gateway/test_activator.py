@@ -20,7 +20,7 @@ from serving.gateway import table
 from serving.gateway.activator import WAKE_TASK
 from serving.gateway.table import Group, RouteEntry, TableError
 from tests.conftest import stop_process_group
-from tests.deployments.rollout_helpers import start_gateway, wait_for
+from tests.deployments.rollout_helpers import metrics_url, start_gateway, wait_for
 from tests.gateway.test_gateway import AUTH, SEARCH_KEY, T_KEY, key_entry, publish, publish_keys
 from tests.ports import free_port
 
@@ -64,7 +64,7 @@ def asleep(*backends) -> RouteEntry:
 def metric(url: str, name: str, labels: str = "") -> float:
     """The value of one sample at /metrics (summed over the gateway's processes), 0 if absent."""
     wanted = f"{name}{{{labels}}}" if labels else name
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    for line in httpx.get(metrics_url(url) + "/metrics").text.splitlines():
         sample, _, value = line.rpartition(" ")
         if sample == wanted:
             return float(value)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from serving.gateway import keys, table
 from serving.gateway.keys import KeyEntry, Limits
 from serving.gateway.table import Backend, Group, RouteEntry
 from tests.conftest import stop_process_group
-from tests.deployments.rollout_helpers import ROOT, start_gateway, wait_for
+from tests.deployments.rollout_helpers import ROOT, metrics_url, start_gateway, wait_for
 from tests.ports import free_port
 
 #: Caller keys of the teams the tests route for (``t`` and ``search``), published before a
@@ -68,16 +69,23 @@ def route(path: str, *groups: Group) -> RouteEntry:
     return RouteEntry(path, list(groups))
 
 
-def slow_request(url: str) -> tuple[dict[str, httpx.Response], threading.Thread]:
-    """A 2 s request through the gateway, in flight by the time this returns."""
+def slow_request(url: str, backend: Backend) -> tuple[dict[str, httpx.Response], threading.Thread]:
+    """A 2 s request through the gateway to ``backend``, which has it by the time this
+    returns."""
+    before = httpx.get(f"{backend.openai}/v1/count").json()["requests"]
     slow: dict[str, httpx.Response] = {}
     thread = threading.Thread(
         target=lambda: slow.update(
-            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=10, headers=AUTH)
+            answer=httpx.get(url + "/models/t/m/v1/slow?seconds=2", timeout=60, headers=AUTH)
         )
     )
     thread.start()
-    time.sleep(0.5)
+    wait_for(
+        lambda: httpx.get(f"{backend.openai}/v1/count").json()["requests"] > before,
+        30,
+        "the slow request at its backend",
+        interval=0.05,
+    )
     return slow, thread
 
 
@@ -170,7 +178,7 @@ def test_a_backend_that_refuses_connections_is_skipped_without_failing_anyone(
     # about one request in two tried the dead backend first.
     [retries] = [
         float(line.rsplit(" ", 1)[1])
-        for line in httpx.get(url + "/metrics").text.splitlines()
+        for line in httpx.get(metrics_url(url) + "/metrics").text.splitlines()
         if line.startswith('gateway_connect_retries_total{route="t/m"}')
     ]
     assert 9 <= retries <= 11
@@ -190,7 +198,7 @@ def test_a_backend_leaving_the_table_finishes_what_it_has(client, gateway, backe
     _, url = gateway
     old, new = backends("old"), backends("new")
     publish(client, url, route("t/m", Group("v1", 100, [old])))
-    slow, thread = slow_request(url)
+    slow, thread = slow_request(url, old)
     publish(client, url, route("t/m", Group("v2", 100, [new])))
     assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "new"
     thread.join()
@@ -249,8 +257,9 @@ def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gat
 
 def test_sigterm_lets_in_flight_requests_finish(client, gateway, backends):
     proc, url = gateway
-    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
-    slow, thread = slow_request(url)
+    b = backends("b")
+    publish(client, url, route("t/m", Group("v1", 100, [b])))
+    slow, thread = slow_request(url, b)
     os.killpg(proc.pid, signal.SIGTERM)
     thread.join()
     assert slow["answer"].status_code == 200
@@ -304,7 +313,7 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
     files = ("--table-file", str(saved), "--keys-file", str(saved_keys))
     first, url = start_gateway(settings.REDIS_URL, *files)
     try:
-        publish(client, url, route("t/m", Group("v1", 100, [backends("old")])))
+        published = publish(client, url, route("t/m", Group("v1", 100, [backends("old")])))
         wait_for(lambda: saved.exists() and saved_keys.exists(), 10, "the saved copies")
         client.flushdb()  # a Redis restart without persistence
         assert (
@@ -315,10 +324,10 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
             assert (
                 httpx.post(second_url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "old"
             )
-            # The controller publishes again; Redis's counter started over below what the
-            # gateways run, and both still take the new table.
+            # The controller publishes again: the counter Redis lost starts past every number
+            # it gave before, so what waits for "this generation or newer" is not stuck.
             generation = table.publish(client, [route("t/m", Group("v1", 100, [backends("new")]))])
-            assert generation == 1
+            assert generation > published
             for base in (url, second_url):
                 wait_for(
                     lambda base=base: (
@@ -332,6 +341,37 @@ def test_a_gateway_started_after_redis_lost_the_table_serves_the_saved_copy(
             stop_process_group(second)
     finally:
         stop_process_group(first)
+
+
+def test_a_counter_that_went_back_after_redis_lost_its_data_is_recognised(
+    client, gateway, backends
+):
+    """A counter started again at 1 after a loss (as portals did before
+    :func:`table.next_generation`, or with a clock set back): the gateway takes the table
+    published under it although its number is below the one it runs."""
+    _, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("old")])))
+    client.flushdb()
+    number = int(client.incr("gateway:generation"))
+    document = {
+        "generation": number,
+        "routes": [dataclasses.asdict(route("t/m", Group("v1", 100, [backends("new")])))],
+    }
+    client.set("gateway:routes", json.dumps(document))
+    wait_for(
+        lambda: httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "new",
+        10,
+        "the table under the lower number",
+    )
+
+
+def test_counters_never_go_back_even_after_redis_lost_its_data(client):
+    before = [table.publish(client, []) for _ in range(3)]
+    keys_before = keys.publish(client, keys.document([], {}))
+    assert before == sorted(before) and len(set(before)) == 3
+    client.flushdb()
+    assert table.publish(client, []) > before[-1]
+    assert keys.publish(client, keys.document([], {})) > keys_before
 
 
 def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, backends):
@@ -359,12 +399,15 @@ def test_bodies_over_the_configured_limit_are_413_and_never_forwarded(client, ba
         stop_process_group(proc)
 
 
-def test_a_gateway_that_cannot_listen_exits_with_an_error(clean_redis):
-    """A port taken by another program: every process dies before it listens, and the
-    supervisor says so with its exit status instead of ever printing GATEWAY READY."""
-    import socket
-
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["plain", "reuse-port"])
+def test_a_gateway_whose_port_is_taken_exits_with_an_error(clean_redis, reuse_port):
+    """A port another program listens on, or the orphaned processes of an older gateway (they
+    listen with SO_REUSEPORT, which would let new ones bind beside them and split the port's
+    connections): the supervisor starts no process, says why, and exits 1 instead of ever
+    printing GATEWAY READY."""
     with socket.socket() as taken:
+        if reuse_port:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
@@ -375,6 +418,8 @@ def test_a_gateway_that_cannot_listen_exits_with_an_error(clean_redis):
                 "serving.gateway",
                 "--port",
                 str(port),
+                "--port-wait",
+                "0.5",
                 "--redis-url",
                 settings.REDIS_URL,
             ],
@@ -385,7 +430,87 @@ def test_a_gateway_that_cannot_listen_exits_with_an_error(clean_redis):
         )
     assert proc.returncode == 1, proc.stderr
     assert "GATEWAY READY" not in proc.stdout
-    assert "died before it listened" in proc.stderr
+    assert f"127.0.0.1:{port} is in use" in proc.stderr
+
+
+def test_a_killed_supervisor_takes_its_processes_with_it(client, gateway, backends):
+    """kill -9 the supervisor: its processes drain and exit (they do not go on serving,
+    untracked), and a gateway started on the same port then serves alone."""
+    proc, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait()
+    wait_for(
+        lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
+        30,
+        "the orphaned gateway processes to exit",
+    )
+    port = int(url.rsplit(":", 1)[1])
+    second, _ = start_gateway(settings.REDIS_URL, port=port)
+    try:
+        listeners = [
+            c.pid
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        ]
+        assert sorted(listeners) == sorted(p.pid for p in psutil.Process(second.pid).children())
+        assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).json()["backend"] == "b"
+    finally:
+        stop_process_group(second)
+
+
+def test_metrics_are_served_on_their_own_port_never_to_callers(client, gateway, backends):
+    """/metrics names every team's routes: the caller-facing port does not serve it."""
+    _, url = gateway
+    publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
+    httpx.post(url + "/models/t/m/v1/x", headers=AUTH)
+    assert httpx.get(url + "/metrics").status_code == 404
+    scraped = httpx.get(metrics_url(url) + "/metrics")
+    assert scraped.status_code == 200 and 'gateway_requests_total{code="200",route="t/m"}' in (
+        scraped.text
+    )
+
+
+def test_a_connection_sending_its_headers_slowly_is_closed(clean_redis):
+    proc, url = start_gateway(settings.REDIS_URL, "--header-timeout", "1")
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n")  # and never the end
+            # The gateway closes it: the read ends (b"") instead of timing out after 30 s.
+            assert slow.recv(1024) == b""
+        # A caller sending its request at once is served as before.
+        assert httpx.get(url + "/healthz").status_code == 200
+    finally:
+        stop_process_group(proc)
+
+
+def test_one_address_holds_at_most_the_capped_connections(clean_redis):
+    """One gateway process (the cap is per process), a cap of 2: a third open connection from
+    the same address is answered 429 and closed; once one closes, another is taken."""
+    proc, url = start_gateway(
+        settings.REDIS_URL,
+        *("--workers", "0", "--max-connections-per-client", "2"),
+        *("--header-timeout", "0"),  # the two held connections never send a request
+    )
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+            answer = third.recv(1024)
+        assert answer.startswith(b"HTTP/1.1 429 "), answer
+        held.pop().close()
+        wait_for(
+            lambda: httpx.get(url + "/healthz", timeout=10).status_code == 200,
+            30,
+            "a connection taken again once one of the two closed",
+        )
+        for sock in held:
+            sock.close()
+    finally:
+        stop_process_group(proc)
 
 
 # --- caller keys and rate limits ------------------------------------------------------------
@@ -564,7 +689,7 @@ def test_without_redis_requests_pass_unlimited_on_the_saved_keys(client, backend
         assert httpx.post(url + "/models/t/m/v1/x").status_code == 401
         unlimited = [
             float(line.rsplit(" ", 1)[1])
-            for line in httpx.get(url + "/metrics").text.splitlines()
+            for line in httpx.get(metrics_url(url) + "/metrics").text.splitlines()
             if line.startswith("gateway_rate_limits_unavailable_total")
         ]
         assert sum(unlimited) == 5

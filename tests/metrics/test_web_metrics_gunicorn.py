@@ -3,10 +3,12 @@ with several worker processes, whichever of them answers the scrape."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from tests.ports import free_port
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 REQUESTS = 60
+IDLE_SECONDS = 3  # above gunicorn's default keep-alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,5 +112,18 @@ def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_pa
     server, url = start_gunicorn(tmp_path / "var")
     try:
         assert not_found_count(url) == 0
+        # A client keeps a connection open between polls: one idle for longer than gunicorn's
+        # default keep-alive (2 s) must still take the next request.
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for idle in (0, IDLE_SECONDS):
+                time.sleep(idle)  # what is tested: the connection idle that long
+                connection.request("GET", "/livez")
+                answer = connection.getresponse()
+                answer.read()
+                assert answer.status == 200
+        finally:
+            connection.close()
     finally:
         stop_process_group(server)

@@ -3,12 +3,15 @@ points, and every way a wheel can be wrong is refused with a reason an author ca
 
 from __future__ import annotations
 
+import random
+import string
 import zipfile
 from types import SimpleNamespace
 
 import pytest
 from django.core.exceptions import ValidationError
 
+from portal.registry import plugins
 from portal.registry.models import PluginWheel
 from portal.registry.plugins import (
     PluginRefused,
@@ -103,6 +106,32 @@ def test_a_wheel_over_the_size_limit_is_refused(tmp_path, settings):
     wheel = make_wheel(tmp_path, "big", entry_points=LOGITS, files={"big.py": "x = 1\n" * 400})
     settings.PLUGIN_WHEEL_MAX_BYTES = 100
     refused(wheel, "over the limit of 100 bytes")
+
+
+def test_a_metadata_over_its_cap_is_refused_unread(tmp_path):
+    """A METADATA over the cap (compressed too little to be refused as a bomb): refused from its
+    declared size; and one that declares a small size is inflated no further than that (zipfile
+    then finds its CRC wrong)."""
+    text = "".join(
+        random.Random(0).choices(string.ascii_lowercase, k=2 * plugins.METADATA_MAX_BYTES)
+    )
+    wheel = make_wheel(tmp_path, "bomb", entry_points=LOGITS, description=text,
+                       compression=zipfile.ZIP_DEFLATED)  # fmt: skip
+    member = "bomb-1.0.0.dist-info/METADATA"
+    refused(wheel, f"{member} is over {plugins.METADATA_MAX_BYTES} bytes")
+
+    with zipfile.ZipFile(wheel) as archive:
+        declared = archive.getinfo(member).file_size.to_bytes(4, "little")
+    raw = wheel.read_bytes()
+    assert raw.count(declared) == 2  # its local header and its central directory entry
+    wheel.write_bytes(raw.replace(declared, (1000).to_bytes(4, "little")))
+    refused(wheel, f"Bad CRC-32 for file '{member}'")
+
+
+def test_a_member_with_an_absurd_compression_ratio_is_refused(tmp_path):
+    wheel = make_wheel(tmp_path, "zeros", entry_points=LOGITS, files={"zeros/data.bin": "\0" * (8 << 20)},
+                       compression=zipfile.ZIP_DEFLATED)  # fmt: skip
+    refused(wheel, "'zeros/data.bin' inflates")
 
 
 def test_a_member_leaving_the_archive_is_refused(tmp_path):

@@ -253,6 +253,8 @@ def model_cache_volume(
 
 #: The platform gateway's port, in the pod and on its Service.
 GATEWAY_PORT = 8080
+#: The gateway's /metrics, for the cluster's scrapers: a container port the Service leaves out.
+GATEWAY_METRICS_PORT = 9091
 GATEWAY_NAME = "llm-serving-gateway"
 
 
@@ -285,6 +287,10 @@ def gateway_objects(
         "python", "-m", "serving.gateway", "--host", "0.0.0.0",
         "--port", str(GATEWAY_PORT), "--prefix", redis_prefix,
         "--drain-timeout", str(drain_seconds),
+        "--metrics-port", str(GATEWAY_METRICS_PORT),
+        # Callers reach the pods through the cluster's balancer or ingress: every connection
+        # comes from its few addresses, so no cap per client address.
+        "--max-connections-per-client", "0",
         "--table-file", f"{state}/table.json", "--keys-file", f"{state}/keys.json",
     ]  # fmt: skip
     container = {
@@ -297,7 +303,10 @@ def gateway_objects(
                 "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}},
             }
         ],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT},
+            {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT},
+        ],
         "resources": {
             "requests": {"cpu": "1", "memory": "512Mi"},
             "limits": {"memory": "1Gi"},

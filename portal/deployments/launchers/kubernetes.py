@@ -43,6 +43,7 @@ from portal.deployments.launchers.base import (
     VersionSet,
 )
 from portal.deployments.launchers.gateway_routes import GatewayRoutes
+from serving.gateway import table
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CRASH_REASONS = frozenset(
@@ -254,7 +255,7 @@ class KubernetesLauncher(Launcher):
             # ours may offer a way around its caller keys (one left from a switch goes).
             self._sync_services({})
             return self.platform_gateway.publish(routes)
-        generation = int(redis_client().incr("kubernetes:traffic"))
+        generation = table.next_generation(redis_client(), "kubernetes:traffic")
         services: dict[str, dict[str, Any]] = {}
         http_routes: dict[str, dict[str, Any]] = {}
         for route in routes:

@@ -20,7 +20,7 @@ async def expect_error(handle: PythonModelHandle, value: int) -> ModelError:
     return caught.value
 
 
-def test_execute_errors_become_error_responses_and_the_model_keeps_serving():
+def test_execute_errors_become_error_responses_and_the_model_keeps_serving(capfd):
     async def scenario():
         handle = PythonModelHandle(MODELS / "faulty")
         await handle.load()
@@ -31,7 +31,13 @@ def test_execute_errors_become_error_responses_and_the_model_keeps_serving():
                 "Failed to process the request(s) for model 'faulty', message: ValueError: "
                 "mode 1 is not allowed"
             )
-            assert "model.py" in raised.message  # where it was raised
+            # The caller learns the error, not the serving machine's paths; the traceback goes
+            # to the instance's log (the stub's stderr).
+            assert "model.py" not in raised.message and "At:" not in raised.message
+            logged = capfd.readouterr().err
+            assert "model 'faulty': execute failed:" in logged
+            assert "ValueError: mode 1 is not allowed" in logged
+            assert "model.py" in logged  # where it was raised
             answered = await expect_error(handle, 2)
             assert (answered.code, answered.message) == ("NOT_FOUND", "no such thing")
             wrong_count = await expect_error(handle, 6)
