@@ -11,8 +11,12 @@ and reports what it applied (see :mod:`serving.gateway.table`). A malformed tabl
 ignored; the last good one stays. After Redis lost its data (a restart without persistence) the
 counter starts again past every number it gave before (:func:`.table.next_generation`); one that
 went back all the same (a counter an older portal started at 0, a clock set back) is recognised,
-and the table published under it is taken even though its number is lower. SIGTERM: stop accepting, let in-flight requests
-finish (``--drain-timeout``), exit 0.
+and the table published under it is taken even though its number is lower. SIGTERM: stop
+accepting, let in-flight requests finish (``--drain-timeout``), exit 0.
+
+The port callers reach serves the models and ``/healthz``; ``/metrics``, which names every
+team's routes, is served only on ``--metrics-port``. Callers' connections are bounded by
+:mod:`serving.gateway.connections` (slow headers, idle keep-alive, connections per address).
 
 A request for a deployment scaled to zero is held until the table gives its route an instance
 (:mod:`serving.gateway.activator`): at most ``--hold-max`` per route and process
