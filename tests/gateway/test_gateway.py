@@ -465,12 +465,16 @@ def test_metrics_are_served_on_their_own_port_never_to_callers(client, gateway, 
     """/metrics names every team's routes: the caller-facing port does not serve it."""
     _, url = gateway
     publish(client, url, route("t/m", Group("v1", 100, [backends("b")])))
-    httpx.post(url + "/models/t/m/v1/x", headers=AUTH)
+    assert httpx.post(url + "/models/t/m/v1/x", headers=AUTH).status_code == 200
     assert httpx.get(url + "/metrics").status_code == 404
-    scraped = httpx.get(metrics_url(url) + "/metrics")
-    assert scraped.status_code == 200 and 'gateway_requests_total{code="200",route="t/m"}' in (
-        scraped.text
-    )
+
+    def counted() -> bool:
+        # The gateway counts an answer once it has sent it: the caller may read it first.
+        scraped = httpx.get(metrics_url(url) + "/metrics")
+        assert scraped.status_code == 200
+        return 'gateway_requests_total{code="200",route="t/m"}' in scraped.text
+
+    wait_for(counted, 30, "the request counted at the metrics port")
 
 
 def test_a_connection_sending_its_headers_slowly_is_closed(clean_redis):
