@@ -1,5 +1,6 @@
 """Gunicorn settings for the portal's web server (the Procfile and the Docker image load them
-with ``--config python:portal.gunicorn_conf``; the address stays on the command line).
+with ``--config python:portal.gunicorn_conf``; the address stays on the command line): the
+ASGI application :mod:`portal.asgi` on uvicorn's worker class.
 
 Several worker processes answer requests, but Prometheus scrapes one of them at a time. So the
 portal's request metrics use prometheus-client's multiprocess mode: each worker writes its
@@ -16,15 +17,16 @@ import shutil
 from pathlib import Path
 
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-#: Threads per worker (gunicorn's gthread worker): a page following an instance's log holds one
-#: request open for up to 20 s (a bounded long poll, see portal.deployments.logs), which must
-#: not take a whole worker process from everyone else.
-threads = int(os.environ.get("WEB_THREADS", "8"))
+#: Each worker is an event loop serving the ASGI app (portal/asgi.py): Django runs a synchronous
+#: view on a thread of its own per request, and a waiting request (a log follow, see
+#: portal/api/log_follow.py) holds no thread at all, so no number of followers can take the
+#: threads that /livez and the API need.
+worker_class = "portal.web_worker.PortalWorker"
 #: Seconds an idle keep-alive connection stays open. Gunicorn's default, 2, is below what clients
 #: and load balancers keep an idle connection for (httpx 5 s, AWS ALB 60 s): a client sending on
 #: a connection the server is closing that moment gets "Server disconnected without sending a
-#: response". Above the balancer's idle timeout, the balancer closes first. Idle connections wait
-#: in the gthread worker's poller and hold no thread.
+#: response". Above the balancer's idle timeout, the balancer closes first. Idle connections
+#: cost the event loop nothing.
 keepalive = int(os.environ.get("WEB_KEEPALIVE_SECONDS", "75"))
 accesslog = "-"
 graceful_timeout = 20

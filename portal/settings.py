@@ -126,6 +126,18 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     }
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TEST_DATABASE_NAME", "test_portal")}
+    #: A connection pool of at most this many connections per process (0: none, a connection
+    #: per thread). The web server sets it (portal/asgi.py): there every request runs on a
+    #: thread of its own, and a burst of requests would otherwise open a connection each until
+    #: PostgreSQL refuses more. A request that finds the pool empty waits up to 30 s for one.
+    DATABASE_POOL_MAX_SIZE = int(os.environ.get("DATABASE_POOL_MAX_SIZE", "0"))
+    if DATABASE_POOL_MAX_SIZE > 0:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # a closed connection goes back to the pool
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": 30,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -190,6 +202,18 @@ SERVING_IMAGE_PACKAGES_FILE = Path(
     os.environ.get(
         "SERVING_IMAGE_PACKAGES_FILE", BASE_DIR / "docker" / "serving-image-packages.txt"
     )
+)
+
+#: Open log follows (``GET .../logs/?follow=1``) one web process holds, per user and in all;
+#: one past either is answered 429 (portal/api/log_follow.py). A follow waits on the event
+#: loop, so the total bounds memory and sockets, not threads.
+LOG_FOLLOWS_PER_USER = int(os.environ.get("LOG_FOLLOWS_PER_USER", "20"))
+LOG_FOLLOWS_PER_PROCESS = int(os.environ.get("LOG_FOLLOWS_PER_PROCESS", "500"))
+#: The largest request body the ASGI server lets through to Django (portal/asgi.py), which
+#: would otherwise spool any body whole before a view or a limit sees it: a plugin wheel at
+#: its limit, with room for the multipart envelope.
+WEB_MAX_BODY_BYTES = int(
+    os.environ.get("WEB_MAX_BODY_BYTES", str(PLUGIN_WHEEL_MAX_BYTES + 1024 * 1024))
 )
 
 #: ``file://`` artifact sources must resolve under one of these directories.

@@ -95,13 +95,13 @@ def test_dockerfile_copies_paths_that_exist():
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
 
 
-def test_dockerfile_cmd_serves_the_wsgi_app_on_all_interfaces():
+def test_dockerfile_cmd_serves_the_asgi_app_on_all_interfaces():
     cmd = json.loads(only(dockerfile_instructions(), "CMD"))
-    assert cmd[:2] == ["gunicorn", "portal.wsgi"]
+    assert cmd[:2] == ["gunicorn", "portal.asgi:application"]
     assert cmd[cmd.index("--bind") + 1] == "0.0.0.0:8000"
     assert cmd[cmd.index("--config") + 1] == "python:portal.gunicorn_conf"
     assert importlib.util.find_spec("portal.gunicorn_conf") is not None
-    assert importlib.util.find_spec("portal.wsgi") is not None
+    assert importlib.util.find_spec("portal.asgi") is not None
 
 
 def test_collectstatic_works_as_at_build_time(tmp_path):
@@ -226,7 +226,7 @@ def test_compose_commands_reference_real_entry_points(compose):
     services = compose["services"]
     web = command_of(services["portal"])
     assert web[:4] == ["python", "manage.py", "migrate", "--noinput"]
-    assert web[web.index("&&") + 1 :][:3] == ["exec", "gunicorn", "portal.wsgi"]
+    assert web[web.index("&&") + 1 :][:3] == ["exec", "gunicorn", "portal.asgi:application"]
     assert "0.0.0.0:8000" in web
     assert web[web.index("--config") + 1] == "python:portal.gunicorn_conf"
     assert command_of(services["worker"])[:4] == ["celery", "-A", "portal", "worker"]

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 
 from portal.accounts.access import Access, access_for, default_team
 from portal.accounts.models import CallerKey, Team
-from portal.api import filters, idempotency, log_serializers
+from portal.api import filters, idempotency, log_follow, log_serializers
 from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.api.schema import CONFLICT, error
@@ -580,6 +580,7 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
         responses={
             200: log_serializers.LogOut,
             400: error("A bad since or tail."),
+            429: error("Too many follows open, yours or the portal process's: see Retry-After."),
             503: error("The log's source (a cluster's API server) did not answer."),
         },
     )
@@ -587,7 +588,8 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
     def logs(self, request, pk=None):
         """The instance's log, bounded: the last ``tail`` lines, or those after ``since`` (the
         previous answer's ``next``). ``follow=1`` waits up to 20 s for new lines, then answers,
-        possibly with none: call again with ``next`` to keep following."""
+        possibly with none: call again with ``next`` to keep following. Each user may hold a
+        few follows open at once (429 past that; see :mod:`portal.api.log_follow`)."""
         query = log_serializers.LogQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         instance = self.get_object()
@@ -595,6 +597,8 @@ class InstanceViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModel
         tail = query.validated_data["tail"]
         try:
             if query.validated_data["follow"] and since is not None:
+                if log_follow.waits_on_event_loop(request):
+                    return log_follow.follow_answer(request, instance, since=since, tail=tail)
                 chunk = instance_logs.follow_instance_log(instance, since=since, tail=tail)
             else:
                 chunk = instance_logs.read_instance_log(instance, since=since, tail=tail)

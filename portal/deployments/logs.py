@@ -8,6 +8,7 @@ status, so a JSON line is shown as ``time level logger: message`` and plain line
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -81,21 +82,52 @@ def _value(value: Any) -> str:
 # --- reading an instance's log -----------------------------------------------------------------
 
 
-def read_instance_log(
-    instance: Any, *, since: str | None = None, tail: int = LOG_DEFAULT_TAIL
-) -> LogChunk:
-    """A bounded chunk of ``instance``'s log, lines formatted. An instance started by another
-    kind of launcher than the one configured now has no log to read here (no lines, ended).
-    Raises :class:`~portal.deployments.launchers.base.LogCursorError` for a bad ``since``."""
+@dataclass(frozen=True)
+class InstanceLogSource:
+    """Where one instance's log is read from: its launcher and version set, resolved once. A
+    read through it touches no database, so a follower can poll it for as long as it likes."""
+
+    launcher: Any
+    version_set: Any
+    name: str
+
+    def read(self, *, since: str | None, tail: int = LOG_DEFAULT_TAIL) -> LogChunk:
+        chunk = self.launcher.read_log(
+            self.version_set, self.name, since=since, tail=min(tail, LOG_CHUNK_LINES)
+        )
+        return LogChunk([format_line(line) for line in chunk.lines], chunk.next, chunk.ended)
+
+
+def instance_log_source(instance: Any) -> InstanceLogSource | None:
+    """The source of ``instance``'s log; None for an instance started by another kind of
+    launcher than the one configured now (its log cannot be read here)."""
     # Imported here: the launchers import this module's formatter.
     from portal.deployments.launchers import get_launcher, version_set
 
     launcher = get_launcher(instance.deployment.region)
     if instance.launcher != launcher.kind:
+        return None
+    return InstanceLogSource(
+        launcher, version_set(instance.deployment, instance.version), instance.name
+    )
+
+
+def read_instance_log(
+    instance: Any, *, since: str | None = None, tail: int = LOG_DEFAULT_TAIL
+) -> LogChunk:
+    """A bounded chunk of ``instance``'s log, lines formatted. An instance whose log cannot be
+    read here (see :func:`instance_log_source`) has no lines and has ended. Raises
+    :class:`~portal.deployments.launchers.base.LogCursorError` for a bad ``since``."""
+    source = instance_log_source(instance)
+    if source is None:
         return LogChunk([], since or "", ended=True)
-    the_set = version_set(instance.deployment, instance.version)
-    chunk = launcher.read_log(the_set, instance.name, since=since, tail=min(tail, LOG_CHUNK_LINES))
-    return LogChunk([format_line(line) for line in chunk.lines], chunk.next, chunk.ended)
+    return source.read(since=since, tail=tail)
+
+
+#: How long one follow call waits for new lines before answering with none.
+FOLLOW_WAIT_SECONDS = 20.0
+#: How often a waiting follow call reads the log again.
+FOLLOW_POLL_SECONDS = 0.5
 
 
 def follow_instance_log(
@@ -103,22 +135,46 @@ def follow_instance_log(
     *,
     since: str | None,
     tail: int = LOG_DEFAULT_TAIL,
-    wait_seconds: float = 20.0,
-    poll_seconds: float = 0.5,
+    wait_seconds: float = FOLLOW_WAIT_SECONDS,
+    poll_seconds: float = FOLLOW_POLL_SECONDS,
 ) -> LogChunk:
-    """A bounded long poll: the next lines after ``since`` as soon as there are some, polling
-    every ``poll_seconds``, else after ``wait_seconds`` an empty chunk (a sync web worker is
-    held for at most that long, never for an open-ended stream). The wait holds no database
-    connection: the first read loaded everything the next ones need."""
+    """A bounded long poll that holds its thread: the next lines after ``since`` as soon as
+    there are some, else after ``wait_seconds`` an empty chunk. Only for a server that runs
+    each request on a thread of its own (Django's development server, the test client); the
+    portal's ASGI server waits with :func:`follow_log_async` instead. The wait holds no
+    database connection."""
+    source = instance_log_source(instance)
+    if source is None:
+        return LogChunk([], since or "", ended=True)
     deadline = time.monotonic() + wait_seconds
     while True:
-        chunk = read_instance_log(instance, since=since, tail=tail)
+        chunk = source.read(since=since, tail=tail)
         if chunk.lines or chunk.ended or time.monotonic() >= deadline:
             return chunk
         if not connection.in_atomic_block:
             connection.close()
         since = chunk.next
         time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+
+
+async def follow_log_async(
+    source: InstanceLogSource,
+    *,
+    since: str,
+    tail: int = LOG_DEFAULT_TAIL,
+    wait_seconds: float = FOLLOW_WAIT_SECONDS,
+    poll_seconds: float = FOLLOW_POLL_SECONDS,
+) -> LogChunk:
+    """:func:`follow_instance_log` on an event loop: the wait is a sleep that holds no thread
+    and no connection, and each read (a file, or the cluster's API) runs briefly on the loop's
+    thread pool. Cancelled (the caller went away), it stops at once."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        chunk = await asyncio.to_thread(source.read, since=since, tail=tail)
+        if chunk.lines or chunk.ended or time.monotonic() >= deadline:
+            return chunk
+        since = chunk.next
+        await asyncio.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,15 @@ Steps, in this order, each logged as one JSON line with its duration (see
 
 SIGTERM (or SIGINT): the front end stops accepting and finishes in-flight requests (streams
 included) within ``--drain-timeout``; then the engine child gets SIGTERM (its own exit timeout is
-the same budget) and is waited for; exit 0. If the engine dies while serving, the instance exits
-3 so its launcher notices.
+the same budget) and what is left of the budget plus a margin before it is killed; exit 0. The
+whole stop is bounded: ``--drain-timeout`` plus 10 s after the signal, the process ends
+whatever still runs (:mod:`serving.instance.stop_deadline`). If the engine dies while serving,
+the instance exits 3 so its launcher notices.
 
 Exit status: 0 stopped cleanly (also when asked to stop during start-up); 1 the engine or the
 front end failed to start; 2 the package or its plugins were refused; 3 the engine died while
-serving; 4 the front end stopped on its own.
+serving; 4 the front end stopped on its own; 5 the stop overran its deadline and was cut
+short.
 """
 
 from __future__ import annotations
@@ -68,10 +71,16 @@ from serving.instance.engines import (
 )
 from serving.instance.log import StepFailed, event, step
 from serving.instance.plugins import install_plugins
+from serving.instance.stop_deadline import STOP_MARGIN_SECONDS, StopDeadline
 from serving.package import extract_package
 
 API_SURFACES = {"openai+grpc": True, "grpc": False}  # → OpenAI routes on?
 EXIT_START_FAILED, EXIT_REFUSED, EXIT_ENGINE_DIED, EXIT_FRONTEND_STOPPED = 1, 2, 3, 4
+#: Seconds of the stop's budget kept back from the engine's SIGTERM-to-SIGKILL wait, so the
+#: engine is killed (and waited for) before the stop deadline ends the process.
+ENGINE_KILL_SECONDS = 2.0
+#: Seconds past ``--drain-timeout`` the front end's shutdown hooks may take.
+FRONTEND_SHUTDOWN_SECONDS = 2.0
 
 
 class ManifestError(ValueError):
@@ -171,10 +180,25 @@ def frontend_server(
 
 
 async def run(args: argparse.Namespace) -> int:
+    deadline = StopDeadline(args.drain_timeout + STOP_MARGIN_SECONDS)
+    try:
+        return await _run(args, deadline)
+    finally:
+        # However the instance ends, what is left (asyncio.run joining its worker threads)
+        # gets the stop's margin and no more.
+        deadline.start()
+
+
+async def _run(args: argparse.Namespace, deadline: StopDeadline) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_stop_signal() -> None:
+        deadline.start()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop_signal)
     workdir: Path = args.workdir.resolve()
     repository = workdir / "repository"
     multiproc = (args.multiproc_dir or _env_multiproc_dir() or workdir / "prometheus").resolve()
@@ -204,11 +228,11 @@ async def run(args: argparse.Namespace) -> int:
             )
             info.update(engine=args.engine, command=engine.command)
             started = await engine.start(args.ready_timeout, stop)
-            info["pid"] = engine.pid
+            info["pid"] = deadline.engine_pid = engine.pid
             if started is not None:
                 info.update(http=started.http, grpc=started.grpc, metrics=started.metrics)
         if started is None:
-            await engine.stop(args.drain_timeout + 10)
+            await engine.stop(deadline.remaining(minus=ENGINE_KILL_SECONDS))
             return _stopped_during_startup("start_engine")
         ports: EnginePorts = started
         openai = API_SURFACES[manifest["api_surface"]]
@@ -224,7 +248,8 @@ async def run(args: argparse.Namespace) -> int:
                 raise RuntimeError("the front end did not start (see its log above)")
     except StepFailed as failed:
         if engine is not None:
-            await engine.stop(args.drain_timeout + 10)
+            deadline.engine_pid = engine.pid
+            await engine.stop(deadline.remaining(minus=ENGINE_KILL_SECONDS))
         event("start_aborted", step=failed.step, exit_code=failed.exit_code)
         return failed.exit_code
     print(
@@ -232,7 +257,7 @@ async def run(args: argparse.Namespace) -> int:
         f"metrics={ports.metrics}",
         flush=True,
     )
-    return await serve(args, engine, server, serving, stop)
+    return await serve(args, engine, server, serving, stop, deadline)
 
 
 async def serve(
@@ -241,27 +266,40 @@ async def serve(
     server: FrontendServer,
     serving: asyncio.Task[None],
     stop: asyncio.Event,
+    deadline: StopDeadline,
 ) -> int:
+    """Serve until SIGTERM, the engine's death or the front end's; then stop within the
+    deadline: the front end drains for ``--drain-timeout`` (its shutdown hooks included), and
+    the engine gets what is left of the budget before it is killed."""
     engine_exit = asyncio.create_task(engine.wait())
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({engine_exit, stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+    deadline.start()
     stopped.cancel()
     if engine_exit.done():
         event("engine_died", exit_code=engine_exit.result(), level="error")
-        server.should_exit = True
-        await serving
+        await drain_frontend(server, serving, args.drain_timeout)
         return EXIT_ENGINE_DIED
     engine_exit.cancel()
     if serving.done():
         event("frontend_stopped", level="error")
-        await engine.stop(args.drain_timeout + 10)
+        await engine.stop(deadline.remaining(minus=ENGINE_KILL_SECONDS))
         return EXIT_FRONTEND_STOPPED
     event("draining", drain_timeout_s=args.drain_timeout)
-    server.should_exit = True  # stop accepting; uvicorn waits for in-flight requests
-    await serving
-    code = await engine.stop(args.drain_timeout + 10)
+    await drain_frontend(server, serving, args.drain_timeout)
+    code = await engine.stop(deadline.remaining(minus=ENGINE_KILL_SECONDS))
     event("stopped", engine_exit_code=code)
     return 0
+
+
+async def drain_frontend(server: FrontendServer, serving: asyncio.Task[None], drain: float) -> None:
+    """Stop accepting and let requests in flight finish: uvicorn cancels those still running
+    after ``drain``, then runs the app's shutdown hooks, which get a little more. A front end
+    not done by then is left behind (the stop deadline ends the process)."""
+    server.should_exit = True
+    done, _ = await asyncio.wait({serving}, timeout=drain + FRONTEND_SHUTDOWN_SECONDS)
+    if not done:
+        event("frontend_drain_overran", drain_timeout_s=drain, level="error")
 
 
 def engine_process(

@@ -4,70 +4,23 @@ with several worker processes, whichever of them answers the scrape."""
 from __future__ import annotations
 
 import http.client
-import os
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import _test_database_url, die_with_pytest, stop_process_group
+from tests.conftest import stop_process_group
 from tests.deployments.rollout_helpers import wait_for
-from tests.ports import free_port
+from tests.web_server import server_workers, start_portal
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 REQUESTS = 60
 IDLE_SECONDS = 3  # above gunicorn's default keep-alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def start_gunicorn(var_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PORTAL_VAR_DIR": str(var_dir),
-        "DATABASE_URL": _test_database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "WEB_CONCURRENCY": str(WORKERS),
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "gunicorn", "portal.wsgi"),
-            *("--config", "python:portal.gunicorn_conf", "--bind", f"127.0.0.1:{port}"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_pytest,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/metrics").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, 60, "gunicorn to answer")
-    wait_for(lambda: len(workers(proc)) == WORKERS, 60, f"{WORKERS} gunicorn workers")
-    return proc, url
-
-
-def workers(proc: subprocess.Popen) -> list[psutil.Process]:
-    return psutil.Process(proc.pid).children()
 
 
 def not_found_count(url: str) -> float:
@@ -83,7 +36,7 @@ def not_found_count(url: str) -> float:
 
 @pytest.mark.slow
 def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_path, clean_redis):
-    server, url = start_gunicorn(tmp_path / "var")
+    server, url = start_portal(tmp_path / "var", workers=WORKERS)
     try:
         with ThreadPoolExecutor(8) as pool:  # concurrent callers keep several workers busy
             codes = list(pool.map(lambda i: httpx.get(f"{url}/no-such-page-{i}").status_code,
@@ -94,12 +47,12 @@ def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_pa
 
         assert [not_found_count(url) for _ in range(10)] == [REQUESTS] * 10
 
-        victim = workers(server)[0]
+        victim = server_workers(server)[0]
         victim.send_signal(signal.SIGKILL)
         wait_for(
             lambda: (
-                victim.pid not in {w.pid for w in workers(server)}
-                and len(workers(server)) == WORKERS
+                victim.pid not in {w.pid for w in server_workers(server)}
+                and len(server_workers(server)) == WORKERS
             ),
             60,
             "gunicorn to replace the killed worker",
@@ -109,7 +62,7 @@ def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_pa
         stop_process_group(server)
 
     # A new server starts counting from zero, not from the last one's files.
-    server, url = start_gunicorn(tmp_path / "var")
+    server, url = start_portal(tmp_path / "var", workers=WORKERS)
     try:
         assert not_found_count(url) == 0
         # A client keeps a connection open between polls: one idle for longer than gunicorn's
@@ -123,6 +76,15 @@ def test_every_scrape_sees_the_requests_of_all_workers_even_one_that_died(tmp_pa
                 answer = connection.getresponse()
                 answer.read()
                 assert answer.status == 200
+            # A body declared larger than the server takes is refused before it is sent
+            # (Django's ASGI handler would spool it whole first: portal.core.body_limit).
+            connection.putrequest("POST", "/api/v1/models/")
+            connection.putheader("Content-Length", str(10**12))
+            connection.putheader("Content-Type", "application/json")
+            connection.endheaders()
+            answer = connection.getresponse()
+            assert answer.status == 413
+            assert b"request_too_large" in answer.read()
         finally:
             connection.close()
     finally:

@@ -3,17 +3,24 @@ draining on SIGTERM and the death of the engine child."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.constraints import LOGITS_PROCESSOR
+from serving.instance.stop_deadline import EXIT_STOP_OVERRAN, STOP_MARGIN_SECONDS
 from tests.serving.instance_helpers import Instance, build_package, port_open
 
 pytestmark = pytest.mark.slow  # starts engines or whole platforms: see ./dev test --fast
@@ -245,3 +252,65 @@ def test_standalone_serves_no_openai_and_exits_nonzero_when_engine_dies(tmp_path
     finally:
         if instance.proc.poll() is None:
             instance.stop()
+
+
+# --- a stop that something inside the process would hold up -------------------------------
+
+#: A chat template that renders for hours: loops within the sandbox's range limit, nested.
+ENDLESS_TEMPLATE = (
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+)
+
+
+def with_endless_chat_template(weights: Path, out: Path) -> Path:
+    shutil.copytree(weights, out)
+    jinja = out / "chat_template.jinja"
+    if jinja.exists():
+        jinja.write_text(ENDLESS_TEMPLATE)
+    else:
+        config_file = out / "tokenizer_config.json"
+        config = json.loads(config_file.read_text())
+        config["chat_template"] = ENDLESS_TEMPLATE
+        config_file.write_text(json.dumps(config))
+    return out
+
+
+def test_sigterm_ends_the_instance_within_its_budget_though_a_thread_never_returns(
+    tmp_path, demo_model_dir
+):
+    """The reproduction (issue 37): an instance did not exit within 30 s of SIGTERM. A chat
+    request whose template never finishes holds a worker thread of the front end; cancelling
+    the request cannot stop the thread, and asyncio.run waits for it at exit. Before the stop
+    deadline the process never ended."""
+    weights = with_endless_chat_template(demo_model_dir, tmp_path / "weights")
+    package = build_package(tmp_path / "pkg.tar", weights)
+    drain = 2
+    instance = Instance(package, tmp_path / "work", drain_timeout=drain)
+    ports = instance.wait_ready()
+    engine_pid = spawned_pid(instance)
+    supervisor = psutil.Process(instance.proc.pid)
+    busy_before = sum(supervisor.cpu_times()[:2])
+
+    def chat() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(
+                f"http://127.0.0.1:{ports['openai']}/v1/chat/completions",
+                json={"model": "demo--tiny", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=300,
+            )
+
+    threading.Thread(target=chat, daemon=True).start()
+    # The template is rendering: the supervisor burns a CPU-second it would not spend idle.
+    instance.wait_for(lambda: sum(supervisor.cpu_times()[:2]) > busy_before + 1.0, timeout=120)
+
+    instance.proc.send_signal(signal.SIGTERM)
+    budget = drain + STOP_MARGIN_SECONDS
+    try:
+        code = instance.proc.wait(budget + 60)  # the slack is a busy machine's, not the product's
+    except subprocess.TimeoutExpired:
+        instance.proc.kill()
+        raise
+    assert code == EXIT_STOP_OVERRAN, instance.log()
+    assert any(e.get("event") == "stop_deadline_passed" for e in instance.events)
+    assert any(e.get("event") == "stopped" for e in instance.events)  # the engine stopped first
+    assert not alive(engine_pid)
