@@ -23,13 +23,13 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from portal.cache import kick
 from portal.cache.fsx_copy import copied_through, open_version_source
 from portal.cache.materializer import copy_version
 from portal.cache.models import CopyState, Materialization
 from portal.cache.progress import Progress, Throttle
 from portal.cache.sources import CopyOptions, SourceError
 from portal.cache.store import ContentStore
-from portal.cache.tasks import materialize_version_task
 from portal.core.redis_clients import redis_client
 from portal.registry.lifecycle import transition_version
 from portal.registry.models import ModelVersion, VersionState
@@ -65,7 +65,7 @@ def request_materialization(version: ModelVersion) -> None:
 
     def enqueue() -> None:
         try:
-            materialize_version_task.delay(version.pk)
+            kick.materialize(version.pk)
         except Exception:  # the broker being down must not fail a registration
             log.warning(
                 "could not enqueue materialization of version %s", version.pk, exc_info=True

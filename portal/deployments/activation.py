@@ -17,9 +17,9 @@ from django.db import transaction
 
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
+from portal.deployments.kick import schedule
 from portal.deployments.lifecycle import record_event
 from portal.deployments.models import Deployment, EventKind, ObservedState, gateway_prefixes
-from portal.deployments.tasks import schedule
 
 
 def wake(deployment_id: int, why: str = "a request is held at the gateway") -> bool:

@@ -14,7 +14,8 @@ from django.db.models import Prefetch, QuerySet
 
 from portal.core.actors import Actor
 from portal.core.errors import Conflict, InvalidTransition
-from portal.deployments import limits, services, tasks
+from portal.deployments import limits, services
+from portal.deployments.kick import schedule_waves
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
     LIVE_STATES,
@@ -251,4 +252,4 @@ def live(model: Model) -> MultiRegionDeployment | None:
 
 def kick(group: MultiRegionDeployment) -> None:
     """Have the wave controller look at ``group`` as soon as this transaction commits."""
-    transaction.on_commit(lambda: tasks.schedule_waves(group.pk))
+    transaction.on_commit(lambda: schedule_waves(group.pk))

@@ -27,6 +27,7 @@ from portal.cache.filecopy import copy_file
 from portal.cache.progress import Progress
 from portal.cache.services import Lease
 from portal.core.redis_clients import redis_client
+from portal.deployments import kick
 from portal.deployments.models import Region, RegionalCopy, RegionalCopyState
 from portal.registry.models import ModelVersion
 from portal.registry.packaging import packages_dir, weights_dir
@@ -72,14 +73,12 @@ class CopyFailed(Exception):
 def request(record: RegionalCopy) -> None:
     """Have a worker copy it: at most one request queued per lease period (each controller
     step of a waiting rollout asks), none while a worker holds the copy's lease."""
-    from portal.deployments.tasks import copy_to_region
-
     name = _lease_name(record)
     client = redis_client()
     if Lease(name, LEASE_SECONDS).lock.locked():
         return
     if client.set(f"{name}:requested", 1, nx=True, ex=LEASE_SECONDS):
-        transaction.on_commit(lambda: copy_to_region.delay(record.version_id, record.region_id))
+        transaction.on_commit(lambda: kick.copy_to_region(record.version_id, record.region_id))
 
 
 def prepare(region: Region, version: ModelVersion) -> None:

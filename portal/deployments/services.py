@@ -17,6 +17,7 @@ from portal.core.actors import Actor
 from portal.core.errors import Conflict
 from portal.deployments import limits, quotas, regional_cache, scaling_policy
 from portal.deployments.autoscaling import METRIC_WORDS, ScaleMetric
+from portal.deployments.kick import schedule
 from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
@@ -36,7 +37,6 @@ from portal.deployments.models import (
 )
 from portal.deployments.rollout_state import RolloutStep
 from portal.deployments.routing import route_path
-from portal.deployments.tasks import schedule
 from portal.registry.models import Model, ModelVersion, VersionState
 
 #: Who starts a region's rollout of a multi-region deployment.

@@ -1,5 +1,6 @@
 """Celery tasks of the rollout controller. Thin: the logic is in :mod:`.controller` and
-:mod:`.services`, imported inside each task's body (services import this module to schedule).
+:mod:`.services`. Nothing in the app imports this module to enqueue work: :mod:`.kick` sends
+these tasks by name.
 
 A deployment is looked at by a chain of ``reconcile_deployment`` tasks, each scheduling the
 next. A Redis marker keeps at most one pending task per deployment however often it is kicked,
@@ -16,47 +17,27 @@ from __future__ import annotations
 from celery import shared_task
 
 from portal.core.redis_clients import redis_client
+from portal.deployments import kick
+from portal.deployments.kick import schedule, schedule_waves
 from portal.registry.models import ModelVersion
-
-
-def _marker(deployment_id: int) -> str:
-    return f"reconcile:scheduled:{deployment_id}"
-
-
-def schedule(deployment_id: int, delay: float = 0.0) -> None:
-    """Have the deployment reconciled in ``delay`` seconds, unless a look is already due."""
-    client = redis_client()
-    if client.set(_marker(deployment_id), 1, nx=True, ex=int(delay) + 60):
-        reconcile_deployment.apply_async((deployment_id,), countdown=delay)
 
 
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> float | None:
     from portal.deployments import controller
 
-    redis_client().delete(_marker(deployment_id))
+    redis_client().delete(kick.deployment_marker(deployment_id))
     delay = controller.reconcile(deployment_id)
     if delay is not None:
         schedule(deployment_id, delay)
     return delay
 
 
-def _waves_marker(group_id: int) -> str:
-    return f"reconcile:scheduled:waves:{group_id}"
-
-
-def schedule_waves(group_id: int, delay: float = 0.0) -> None:
-    """Have the wave controller look at a multi-region deployment in ``delay`` seconds, unless
-    a look is already due."""
-    if redis_client().set(_waves_marker(group_id), 1, nx=True, ex=int(delay) + 60):
-        reconcile_multi_region.apply_async((group_id,), countdown=delay)
-
-
 @shared_task(acks_late=True)
 def reconcile_multi_region(group_id: int) -> float | None:
     from portal.deployments import waves
 
-    redis_client().delete(_waves_marker(group_id))
+    redis_client().delete(kick.waves_marker(group_id))
     delay = waves.reconcile(group_id)
     if delay is not None:
         schedule_waves(group_id, delay)
@@ -108,18 +89,18 @@ def redrive_deployments() -> list[int]:
     client = redis_client()
     stalled = services.stalled_deployments()
     for deployment_id in stalled:
-        client.delete(_marker(deployment_id))
+        client.delete(kick.deployment_marker(deployment_id))
         schedule(deployment_id)
     watched = list(services.watched_deployments().values_list("pk", flat=True))
     with client.pipeline(transaction=False) as pipe:
         for deployment_id in watched:
-            pipe.exists(_marker(deployment_id), lock_key(deployment_id))
+            pipe.exists(kick.deployment_marker(deployment_id), lock_key(deployment_id))
         looks = pipe.execute()
     orphaned = [pk for pk, found in zip(watched, looks, strict=True) if not found]
     for deployment_id in orphaned:
         schedule(deployment_id)  # a marker that appeared meanwhile makes this a no-op
     for group_id in services.rolling_multi_region():
-        if not client.exists(_waves_marker(group_id), waves_lock_key(group_id)):
+        if not client.exists(kick.waves_marker(group_id), waves_lock_key(group_id)):
             schedule_waves(group_id)
     return sorted({*stalled, *orphaned})
 

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from portal.core.actors import CONTROLLER, Actor
 from portal.core.redis_clients import redis_client
-from portal.deployments import services, tasks
+from portal.deployments import kick, services
 from portal.deployments.lifecycle import record_event, transition_deployment
 from portal.deployments.models import (
     Deployment,
@@ -154,7 +154,7 @@ def _ask(deployment: Deployment, why: str, **desired: Any) -> None:
         message=why,
         data={**desired, "region": deployment.region.name},
     )
-    tasks.schedule(deployment.pk)
+    kick.schedule(deployment.pk)
 
 
 def _words(group: MultiRegionDeployment, regional: list[Deployment]) -> str:
@@ -421,7 +421,7 @@ def _rolling_back(group: MultiRegionDeployment, regional: list[Deployment]) -> f
                 f"{group.reason}.",
                 traffic={},
             )
-            tasks.schedule(deployment.pk)
+            kick.schedule(deployment.pk)
             continue
         busy.append(deployment)
         if deployment.observed_state == ObservedState.ROLLING_BACK:

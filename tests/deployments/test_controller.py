@@ -405,17 +405,17 @@ def test_a_lost_instance_of_the_old_version_is_replaced_mid_rollout(
 
 def test_beat_restarts_a_chain_that_redis_lost(versions, cpu_instance_type, monkeypatch):
     from portal.core.redis_clients import redis_client
-    from portal.deployments import tasks
+    from portal.deployments import kick, tasks
 
     model, v1, _ = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=1)
     woken: list[int] = []
     monkeypatch.setattr(tasks, "schedule", lambda pk, delay=0.0: woken.append(pk))
     client = redis_client()
-    client.set(tasks._marker(deployment.pk), 1)  # a look is pending
+    client.set(kick.deployment_marker(deployment.pk), 1)  # a look is pending
     assert tasks.redrive_deployments() == [] and woken == []
     client.set(controller.lock_key(deployment.pk), "worker")  # a worker is at it right now
-    client.delete(tasks._marker(deployment.pk))
+    client.delete(kick.deployment_marker(deployment.pk))
     assert tasks.redrive_deployments() == []
     client.flushdb()  # Redis restarted without its data: nobody is coming
     assert tasks.redrive_deployments() == [deployment.pk] and woken == [deployment.pk]
@@ -448,3 +448,16 @@ def test_the_versioned_clean_up_remembers_last_requests_redis_forgot(
     assert services.retire_idle_versioned() == []  # still known from the database
     Deployment.objects.filter(pk=old.pk).update(last_request_at=timezone.now() - timedelta(1))
     assert services.retire_idle_versioned() == [old.pk]
+
+
+def test_kick_sends_tasks_by_names_the_workers_know():
+    """kick.py enqueues by name (so that nothing imports tasks.py to enqueue): every name it
+    sends must be a task the app registers, or the message would be dropped by the worker."""
+    from portal.cache import kick as cache_kick
+    from portal.celery import app
+    from portal.deployments import kick
+
+    app.loader.import_default_modules()
+    names = [kick.RECONCILE_DEPLOYMENT, kick.RECONCILE_MULTI_REGION, kick.COPY_TO_REGION]
+    for name in [*names, cache_kick.MATERIALIZE_VERSION]:
+        assert name in app.tasks, name
