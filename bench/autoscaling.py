@@ -168,9 +168,9 @@ def run(tmp: Path, clients: int) -> dict[str, Any]:
     import httpx
 
     from portal.core.actors import Actor
-    from portal.deployments.caller_keys import issue_caller_key
     from portal.deployments.models import Deployment, InstanceType
     from portal.deployments.services import create_deployment
+    from portal.deployments.traffic.caller_keys import issue_caller_key
 
     actor = Actor(label="bench")
     gateway, worker, port = start_platform()

@@ -114,9 +114,9 @@ def build(n: int, start: int) -> list[int]:
 def bring_up(ids: list[int]) -> dict[str, Any]:
     """Reconcile every deployment not yet serving, pass after pass, with the instances made
     ready in between, until all serve."""
-    from portal.deployments import controller
-    from portal.deployments.launchers.base import Health
     from portal.deployments.models import Deployment
+    from portal.deployments.rollout import controller
+    from portal.deployments.runtime.launchers.base import Health
     from tests.deployments.memory_launcher import MemoryLauncher
 
     started = time.perf_counter()
@@ -139,7 +139,7 @@ def bring_up(ids: list[int]) -> dict[str, Any]:
 def timed_reconciles(ids: list[int]) -> tuple[list[float], list[int]]:
     from django.db import connection
 
-    from portal.deployments import controller
+    from portal.deployments.rollout import controller
 
     seconds, queries = [], []
     for pk in ids:
@@ -165,8 +165,8 @@ def summary(seconds: list[float], queries: list[int]) -> dict[str, Any]:
 
 
 def measure(n: int, ids: list[int], passes: int, changes: int) -> dict[str, Any]:
-    from portal.deployments.launchers.base import Health
     from portal.deployments.models import Deployment
+    from portal.deployments.runtime.launchers.base import Health
     from tests.deployments.memory_launcher import MemoryLauncher
 
     assert Deployment.objects.filter(observed_state="serving").count() == n

@@ -147,9 +147,9 @@ def run(
     tmp: Path, replicas: int, stages: list[int], bake: int, seconds: float, clients: int
 ) -> dict[str, Any]:
     from portal.core.actors import Actor
-    from portal.deployments.caller_keys import issue_caller_key
     from portal.deployments.models import Deployment, InstanceType
     from portal.deployments.services import create_deployment, update_deployment
+    from portal.deployments.traffic.caller_keys import issue_caller_key
 
     actor = Actor(label="bench")
     gateway, worker, port = start_platform()

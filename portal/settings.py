@@ -293,7 +293,7 @@ RECONCILE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_INTERVAL_SECONDS", 
 RECONCILE_IDLE_INTERVAL_SECONDS = float(os.environ.get("RECONCILE_IDLE_INTERVAL_SECONDS", "5"))
 #: Beat re-drives a live deployment not reconciled for this long (its worker died).
 RECONCILE_STALE_SECONDS = float(os.environ.get("RECONCILE_STALE_SECONDS", "20"))
-#: Self-healing (``portal.deployments.healing``): a lost instance of a serving set is started
+#: Self-healing (``portal.deployments.state.healing``): a lost instance of a serving set is started
 #: again after a back-off that doubles with each failure of its version in the crash-loop window,
 #: from INSTANCE_RESTART_BACKOFF_SECONDS up to INSTANCE_RESTART_BACKOFF_MAX_SECONDS. After
 #: CRASH_LOOP_FAILURES failures within CRASH_LOOP_WINDOW_SECONDS the version is in a crash loop and

@@ -1,7 +1,13 @@
-"""What runs inside one serving instance: the OpenAI-compatible front end, the engine start-up
-sequence and the unified ``/metrics`` endpoint.
+"""What runs outside the portal: one serving instance and the gateway in front of instances.
 
-This package must never import Django or anything from ``portal``: an instance runs on its own
-(in the serving image, or as a local process) and talks to the portal only over the network.
-Nothing is here yet; the serving instance arrives with issue 5.
+Top to bottom (each part imports only those below it; an import-linter contract in
+``pyproject.toml`` keeps it so): ``instance`` (the start-up sequence and life of one instance);
+``gateway``, ``frontend`` (OpenAI-compatible) and ``kserve`` (KServe v2 HTTP and gRPC, the
+CPU stand-in for tritonserver); ``engine`` (the CPU engine); ``repository`` (the one reader of
+a Triton model repository); ``constraints`` (the constraint logits processor and its native
+core); and the shared bottom: ``sampling`` (what a generation request asks for and what comes
+back), ``model_config`` (the vLLM backend's model configuration) and ``request_limits``.
+
+Nothing here imports Django or ``portal``: an instance runs on its own (in the serving image,
+or as a local process) and talks to the portal only over the network.
 """

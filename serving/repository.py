@@ -52,7 +52,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving.kserve.contract import BACKEND, auto_complete
+from serving.model_config import BACKEND, auto_complete
 from serving.package import CONFIG_FILE, ENGINE_ARGS_FILE
 
 PYTHON_BACKEND = "python"

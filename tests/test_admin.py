@@ -19,7 +19,6 @@ from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
 from portal.deployments.admin import DeploymentAdmin, EventInline
-from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
     Deployment,
@@ -32,6 +31,7 @@ from portal.deployments.models import (
     Region,
 )
 from portal.deployments.services import update_deployment
+from portal.deployments.traffic.caller_keys import issue_caller_key
 from portal.registry.models import PlatformRelease, PluginWheel
 from portal.registry.services import create_model, register_version
 from serving.gateway import keys as gateway_keys

@@ -23,8 +23,8 @@ from bench.constraints.plan import FULL, Plan
 from bench.constraints.workloads import Workload, ebnf_literal, regex_escape, short_count
 from bench.synthetic_vocab import Streams, catalog
 from serving.constraints.engine import bitmask_words
-from serving.constraints.spec import Choice
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import Choice
 
 
 def time_call(fn: Callable[[], Any], repeat: int, inner: int = 1) -> list[float]:

@@ -16,8 +16,8 @@ from bench.synthetic_vocab import (
     text_streams,
     token_streams,
 )
-from serving.constraints.spec import Choice, ConstraintSpec, Regex, TokenSet
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import Choice, ConstraintSpec, Regex, TokenSet
 
 ALLOWED_SET_SIZE = 1000
 N_STREAMS = 1000

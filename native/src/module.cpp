@@ -169,7 +169,7 @@ DType dtype_from(const std::string& name) {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Native constraint engine: compiled constraints, batched mask fill and CPU apply.";
 
-  py::object error = py::module_::import("serving.constraints.spec").attr("ConstraintError");
+  py::object error = py::module_::import("serving.sampling.constraint_spec").attr("ConstraintError");
   static py::handle error_type = error.release();
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -35,7 +35,7 @@ class TeamAdmin(admin.ModelAdmin):
                 "fields": ["requests_per_second", "tokens_per_minute"],
                 "description": "Enforced by the gateways over all the team's caller keys "
                 "together (each key may have its own too); blank for no limit. Saving publishes "
-                "them to the gateways (portal.deployments.caller_keys.team_saved).",
+                "them to the gateways (portal.deployments.traffic.caller_keys.team_saved).",
             },
         ),
     ]

@@ -127,7 +127,7 @@ class CallerKey(models.Model):
     Not an :class:`ApiToken`: a caller key cannot act on the portal, and a CI token cannot call
     a model. As with tokens only the SHA-256 digest is stored and the plaintext is shown once;
     the portal publishes the digests of the active keys to the gateways
-    (:mod:`portal.deployments.caller_keys`), which check them without asking the database.
+    (:mod:`portal.deployments.traffic.caller_keys`), which check them without asking the database.
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="caller_keys")

@@ -4,7 +4,7 @@
 the log has lines after ``since``, else after about 20 s with none. Under the portal's ASGI
 server (:mod:`portal.asgi`) the view checks access and reads once on its request thread, as any
 view does; if there is nothing yet, it answers with a streaming response whose body waits on
-the event loop (:func:`portal.deployments.logs.follow_log_async`) and is written once, when
+the event loop (:func:`portal.deployments.runtime.logs.follow_log_async`) and is written once, when
 lines come or the wait ends. The request's thread and database connection are let go before
 the wait, so a hundred open follows cost a hundred sleeping coroutines, not a hundred threads.
 
@@ -34,8 +34,8 @@ from rest_framework.response import Response
 
 from portal.accounts.models import ApiToken
 from portal.api.log_serializers import LogOut
-from portal.deployments import logs as instance_logs
-from portal.deployments.launchers.base import LogChunk
+from portal.deployments.runtime import logs as instance_logs
+from portal.deployments.runtime.launchers.base import LogChunk
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from portal.deployments.launchers.base import LOG_CHUNK_LINES, LOG_DEFAULT_TAIL
+from portal.deployments.runtime.launchers.base import LOG_CHUNK_LINES, LOG_DEFAULT_TAIL
 
 
 class LogQuery(serializers.Serializer):

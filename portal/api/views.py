@@ -26,10 +26,7 @@ from portal.api import serializers as s
 from portal.api.idempotency import idempotent
 from portal.api.schema import CONFLICT, error
 from portal.core.actors import Actor
-from portal.deployments import caller_keys, multi_region
-from portal.deployments import logs as instance_logs
 from portal.deployments import services as deployment_services
-from portal.deployments.launchers.base import LogCursorError
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
     Deployment,
@@ -39,7 +36,11 @@ from portal.deployments.models import (
     MultiRegionDeployment,
     Region,
 )
-from portal.deployments.multi_region import RegionPart
+from portal.deployments.regions import multi_region
+from portal.deployments.regions.multi_region import RegionPart
+from portal.deployments.runtime import logs as instance_logs
+from portal.deployments.runtime.launchers.base import LogCursorError
+from portal.deployments.traffic import caller_keys
 from portal.metrics import services as metrics_services
 from portal.registry import services as registry_services
 from portal.registry.models import Model, ModelVersion, PlatformRelease, PluginWheel

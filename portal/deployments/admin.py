@@ -10,15 +10,6 @@ from django.utils.html import format_html, format_html_join
 from portal.accounts.models import CallerKey
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import multi_region
-from portal.deployments.caller_keys import (
-    CallerKeyError,
-    check_key,
-    issue_caller_key,
-    publish_after_commit,
-    revoke_caller_keys,
-)
-from portal.deployments.launchers import region_config
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
     Deployment,
@@ -29,8 +20,17 @@ from portal.deployments.models import (
     Region,
     RegionalCopy,
 )
+from portal.deployments.regions import multi_region
+from portal.deployments.rollout.status import describe, traffic_text
+from portal.deployments.runtime.launchers import region_config
 from portal.deployments.services import act, policy_words
-from portal.deployments.status import describe, traffic_text
+from portal.deployments.traffic.caller_keys import (
+    CallerKeyError,
+    check_key,
+    issue_caller_key,
+    publish_after_commit,
+    revoke_caller_keys,
+)
 from portal.registry.models import Backend
 
 

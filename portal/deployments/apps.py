@@ -10,14 +10,14 @@ class DeploymentsConfig(AppConfig):
         """Deployments waiting for a version look again when it becomes ready or fails, and
         the versions they serve (or may roll back to) are never evicted from the cache. Teams
         saved (their rate limits, in the admin), caller keys and models deleted publish the caller keys
-        again (:mod:`.caller_keys`)."""
+        again (:mod:`~portal.deployments.traffic.caller_keys`)."""
         from django.db.models.signals import post_delete, post_save, pre_delete
 
         from portal.accounts.models import CallerKey, Team
         from portal.cache.services import count_as_in_use
-        from portal.deployments.caller_keys import key_deleted, model_deleted, team_saved
         from portal.deployments.services import versions_in_use
         from portal.deployments.tasks import wake_deployments_of
+        from portal.deployments.traffic.caller_keys import key_deleted, model_deleted, team_saved
         from portal.registry.lifecycle import when_version_enters
         from portal.registry.models import Model, VersionState
 

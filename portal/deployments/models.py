@@ -12,10 +12,12 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from portal.core.models import AppendOnlyModel
-from portal.deployments import limits
-from portal.deployments.autoscaling import ScaleMetric, ScalingState
-from portal.deployments.limits import default_stages  # the initial migration names it here
-from portal.deployments.rollout_state import (
+from portal.deployments.state import rollout_limits
+from portal.deployments.state.autoscaling import ScaleMetric, ScalingState
+from portal.deployments.state.rollout_limits import (
+    default_stages,  # the initial migration names it here
+)
+from portal.deployments.state.rollout_state import (
     RolloutStep,
     Traffic,
     traffic_from_json,
@@ -305,7 +307,7 @@ class RegionalCopyState(models.TextChoices):
 
 class RegionalCopy(models.Model):
     """A ready version's files (its package and its weights) copied from the platform's model
-    cache into a region's own (:mod:`portal.deployments.regional_cache`)."""
+    cache into a region's own (:mod:`portal.deployments.runtime.regional_cache`)."""
 
     version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")
     region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="copies")
@@ -381,24 +383,24 @@ class Deployment(models.Model):
     previous_version = models.ForeignKey(
         ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    #: Bounds and defaults of the rollout settings: :mod:`portal.deployments.limits`, which the
+    #: Bounds and defaults of the rollout settings: :mod:`portal.deployments.state.rollout_limits`, which the
     #: service enforces (the admin cannot change a deployment).
     #: How many instances serve now: people's fixed count, or, when ``min_replicas <
-    #: max_replicas``, the autoscaler's (the controller writes it, :mod:`.autoscaling`).
-    replicas = models.PositiveSmallIntegerField(default=limits.REPLICAS.default)
+    #: max_replicas``, the autoscaler's (the controller writes it, :mod:`~portal.deployments.state.autoscaling`).
+    replicas = models.PositiveSmallIntegerField(default=rollout_limits.REPLICAS.default)
     #: The scaling policy; ``min == max`` (the default) is a fixed count.
-    min_replicas = models.PositiveSmallIntegerField(default=limits.MIN_REPLICAS.default)
-    max_replicas = models.PositiveSmallIntegerField(default=limits.MAX_REPLICAS.default)
+    min_replicas = models.PositiveSmallIntegerField(default=rollout_limits.MIN_REPLICAS.default)
+    max_replicas = models.PositiveSmallIntegerField(default=rollout_limits.MAX_REPLICAS.default)
     scale_metric = models.CharField(
         max_length=16, choices=ScaleMetric.choices, default=ScaleMetric.IN_FLIGHT
     )
     #: The signal's target per instance (requests, or the KV-cache fraction).
-    scale_target = models.FloatField(default=limits.SCALE_TARGET.default)
+    scale_target = models.FloatField(default=rollout_limits.SCALE_TARGET.default)
     scale_up_window_seconds = models.PositiveIntegerField(
-        default=limits.SCALE_UP_WINDOW_SECONDS.default
+        default=rollout_limits.SCALE_UP_WINDOW_SECONDS.default
     )
     scale_down_window_seconds = models.PositiveIntegerField(
-        default=limits.SCALE_DOWN_WINDOW_SECONDS.default
+        default=rollout_limits.SCALE_DOWN_WINDOW_SECONDS.default
     )
     #: Stop every instance after this long without a request (the gateway holds the next ones
     #: and wakes the deployment); None: never.
@@ -422,14 +424,14 @@ class Deployment(models.Model):
     wave = models.PositiveSmallIntegerField(default=0)
     #: Percent of traffic on the new version after each stage; the last is always 100.
     stages = models.JSONField(default=default_stages)
-    bake_seconds = models.PositiveIntegerField(default=limits.BAKE_SECONDS.default)
+    bake_seconds = models.PositiveIntegerField(default=rollout_limits.BAKE_SECONDS.default)
     #: A new instance must pass its health check within this long of being started.
     health_deadline_seconds = models.PositiveIntegerField(
-        default=limits.HEALTH_DEADLINE_SECONDS.default
+        default=rollout_limits.HEALTH_DEADLINE_SECONDS.default
     )
     #: During a stage's bake, the new version's share of failed inference requests (from its
     #: instances' own metrics) above which the rollout is rolled back.
-    max_error_rate = models.FloatField(default=limits.MAX_ERROR_RATE.default)
+    max_error_rate = models.FloatField(default=rollout_limits.MAX_ERROR_RATE.default)
     #: Roll out Red-Black even though the new version's I/O spec differs from the serving one.
     allow_io_change = models.BooleanField(default=False)
     desired_state = models.CharField(
@@ -497,7 +499,7 @@ class Deployment(models.Model):
 
 
 class LauncherKind(models.TextChoices):
-    """Which launcher runs an instance (the launchers themselves: ``portal.deployments.launchers``)."""
+    """Which launcher runs an instance (the launchers themselves: ``portal.deployments.runtime.launchers``)."""
 
     LOCAL = "local", "Local process"
     KUBERNETES = "kubernetes", "Kubernetes"
@@ -627,7 +629,7 @@ class MultiRegionDeployment(models.Model):
     (``regional``, ordered by ``wave``), rolled out to a new version region by region.
 
     Each region's deployment runs its own stages and bakes under the rollout controller; the
-    wave controller (:mod:`portal.deployments.waves`) only decides when each region starts,
+    wave controller (:mod:`portal.deployments.regions.waves`) only decides when each region starts,
     bakes between waves, and what a failure in one region does to the others. People act on
     this record (pause, promote, abort, rollback); the regions' deployments follow.
     """
@@ -641,7 +643,9 @@ class MultiRegionDeployment(models.Model):
         max_length=16, choices=OnRegionFailure.choices, default=OnRegionFailure.ROLL_BACK_ALL
     )
     #: How long a region that took the new version must stay healthy before the next starts.
-    wave_bake_seconds = models.PositiveIntegerField(default=limits.WAVE_BAKE_SECONDS.default)
+    wave_bake_seconds = models.PositiveIntegerField(
+        default=rollout_limits.WAVE_BAKE_SECONDS.default
+    )
     desired_state = models.CharField(
         max_length=16, choices=DesiredState.choices, default=DesiredState.ACTIVE
     )

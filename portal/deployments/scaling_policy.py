@@ -2,9 +2,9 @@
 
 ``replicas`` alone is a fixed count: ``min_replicas = max_replicas = replicas``, the policy
 every deployment had before autoscaling. Given bounds (and the signal, target, windows, scale
-to zero) make the controller own the count within them (:mod:`.autoscaling`); a ``replicas``
+to zero) make the controller own the count within them (:mod:`~portal.deployments.state.autoscaling`); a ``replicas``
 given beside them is where it starts. Settings not given keep the deployment's (or the
-defaults of :mod:`.limits` for a new one). Every refusal names its field.
+defaults of :mod:`~portal.deployments.state.rollout_limits` for a new one). Every refusal names its field.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from portal.deployments import limits
-from portal.deployments.autoscaling import ScaleMetric
+from portal.deployments.state import rollout_limits
+from portal.deployments.state.autoscaling import ScaleMetric
 from portal.registry.models import ModelVersion
 
 #: The policy's settings, by the name they have on the model, the service, the API and the form.
@@ -34,12 +34,12 @@ DEFAULT_TARGETS = {ScaleMetric.IN_FLIGHT: 4.0, ScaleMetric.WAITING: 1.0, ScaleMe
 
 def defaults() -> dict[str, Any]:
     return {
-        "min_replicas": limits.REPLICAS.default,
-        "max_replicas": limits.REPLICAS.default,
+        "min_replicas": rollout_limits.REPLICAS.default,
+        "max_replicas": rollout_limits.REPLICAS.default,
         "scale_metric": ScaleMetric.IN_FLIGHT.value,
-        "scale_target": limits.SCALE_TARGET.default,
-        "scale_up_window_seconds": limits.SCALE_UP_WINDOW_SECONDS.default,
-        "scale_down_window_seconds": limits.SCALE_DOWN_WINDOW_SECONDS.default,
+        "scale_target": rollout_limits.SCALE_TARGET.default,
+        "scale_up_window_seconds": rollout_limits.SCALE_UP_WINDOW_SECONDS.default,
+        "scale_down_window_seconds": rollout_limits.SCALE_DOWN_WINDOW_SECONDS.default,
         "scale_to_zero_after_seconds": None,
     }
 
@@ -58,7 +58,7 @@ def resolve(
     unknown = set(given) - set(POLICY_SETTINGS)
     if unknown:
         raise TypeError(f"unknown scaling settings: {sorted(unknown)}")
-    limits.check_settings(replicas=replicas)  # alone: it may be copied into the bounds next
+    rollout_limits.check_settings(replicas=replicas)  # alone: it may be copied into the bounds next
     errors: dict[str, list[str]] = {}
     policy = dict(current or defaults())
     bounds_given = "min_replicas" in given or "max_replicas" in given
@@ -70,7 +70,7 @@ def resolve(
             policy["scale_target"] = DEFAULT_TARGETS[ScaleMetric(metric)]
     policy.update(given)
     try:
-        limits.check_settings(**{k: v for k, v in policy.items() if k != "scale_metric"})
+        rollout_limits.check_settings(**{k: v for k, v in policy.items() if k != "scale_metric"})
     except ValidationError as exc:
         errors.update(exc.message_dict)
     if policy["scale_metric"] not in ScaleMetric.values:

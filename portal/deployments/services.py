@@ -15,10 +15,8 @@ from django.utils import timezone
 from portal.cache.services import prepare_for_deploy
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import limits, quotas, regional_cache, scaling_policy
-from portal.deployments.autoscaling import METRIC_WORDS, ScaleMetric
+from portal.deployments import quotas, scaling_policy
 from portal.deployments.kick import schedule
-from portal.deployments.launchers import get_launcher
 from portal.deployments.lifecycle import Action, record_event, request_action, transition_deployment
 from portal.deployments.models import (
     LIVE_STATES,
@@ -35,8 +33,12 @@ from portal.deployments.models import (
     WaveState,
     default_region,
 )
-from portal.deployments.rollout_state import RolloutStep
-from portal.deployments.routing import route_path
+from portal.deployments.runtime import regional_cache
+from portal.deployments.runtime.launchers import get_launcher
+from portal.deployments.state import rollout_limits
+from portal.deployments.state.autoscaling import METRIC_WORDS, ScaleMetric
+from portal.deployments.state.rollout_state import RolloutStep
+from portal.deployments.traffic.routing import route_path
 from portal.registry.models import Model, ModelVersion, VersionState
 
 #: Who starts a region's rollout of a multi-region deployment.
@@ -120,7 +122,7 @@ def deploy(
     - A rollout already under way, or an interface change without ``allow_io_change``, is
       refused as for an update (409 / 400), naming the deployment.
     - Versioned, or nothing live Red-Black: a new deployment, with the defaults of
-      :mod:`portal.deployments.limits` for settings not given; a version already served
+      :mod:`portal.deployments.state.rollout_limits` for settings not given; a version already served
       Versioned by a live deployment is a conflict (409).
     """
     settings_given = {
@@ -129,7 +131,7 @@ def deploy(
         "health_deadline_seconds": health_deadline_seconds,
         "max_error_rate": max_error_rate,
     }
-    limits.check_settings(replicas=replicas, **settings_given)
+    rollout_limits.check_settings(replicas=replicas, **settings_given)
     region = region or default_region()
     live = live_red_black(model, region) if strategy == Strategy.RED_BLACK else None
     if live is None:
@@ -207,7 +209,7 @@ def create_deployment(
     """Create a deployment serving ``version`` in ``region`` (None: the default region; people
     deploy through :func:`deploy`). A version not yet ready is waited for by the controller,
     and one whose weights were evicted from the model cache is copied back first. Settings not
-    given take the defaults of :mod:`portal.deployments.limits`. ``multi_region`` and ``wave``
+    given take the defaults of :mod:`portal.deployments.state.rollout_limits`. ``multi_region`` and ``wave``
     make it a region's part of a multi-region deployment; ``held`` keeps it from starting
     (paused before its rollout) until its wave comes."""
     _check_version(model, version)
@@ -225,15 +227,17 @@ def create_deployment(
         current=None, current_replicas=None, replicas=replicas, given=scaling or {}, version=version
     )
     replicas = policy.pop("replicas")
-    stages = limits.default_stages() if stages is None else stages
-    bake_seconds = limits.BAKE_SECONDS.default if bake_seconds is None else bake_seconds
+    stages = rollout_limits.default_stages() if stages is None else stages
+    bake_seconds = rollout_limits.BAKE_SECONDS.default if bake_seconds is None else bake_seconds
     health_deadline_seconds = (
-        limits.HEALTH_DEADLINE_SECONDS.default
+        rollout_limits.HEALTH_DEADLINE_SECONDS.default
         if health_deadline_seconds is None
         else health_deadline_seconds
     )
-    max_error_rate = limits.MAX_ERROR_RATE.default if max_error_rate is None else max_error_rate
-    limits.check_settings(
+    max_error_rate = (
+        rollout_limits.MAX_ERROR_RATE.default if max_error_rate is None else max_error_rate
+    )
+    rollout_limits.check_settings(
         replicas=replicas,
         stages=stages,
         bake_seconds=bake_seconds,
@@ -322,7 +326,7 @@ def update_deployment(
         raise TypeError(f"unknown rollout settings: {sorted(unknown)}")
     if version is not None and version.pk != deployment.target_version_id:
         _refuse_regional(deployment, "change its version")
-    limits.check_settings(replicas=replicas, **rollout)
+    rollout_limits.check_settings(replicas=replicas, **rollout)
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if locked.observed_state not in LIVE_STATES:
@@ -352,7 +356,7 @@ def update_deployment(
 def start_regional_rollout(
     deployment: Deployment, version: ModelVersion, *, promote: bool = False
 ) -> None:
-    """The wave controller's start of a region's rollout (:mod:`.waves`): what a person's
+    """The wave controller's start of a region's rollout (:mod:`~portal.deployments.regions.waves`): what a person's
     version change does, for a region's part of a multi-region deployment (whose interface
     was checked for every region when the new version was asked for)."""
     with transaction.atomic():

@@ -1,4 +1,4 @@
-"""Celery tasks of the rollout controller. Thin: the logic is in :mod:`.controller` and
+"""Celery tasks of the rollout controller. Thin: the logic is in :mod:`~portal.deployments.rollout.controller` and
 :mod:`.services`. Nothing in the app imports this module to enqueue work: :mod:`.kick` sends
 these tasks by name.
 
@@ -8,8 +8,8 @@ and beat's ``redrive_deployments`` restarts the chain of any deployment whose wo
 whose chain Redis lost (a restart without persistence drops the queued tasks and the markers:
 a watched deployment with neither a marker nor a reconcile in progress has nobody coming).
 Beat's ``publish_routes`` rebuilds the routing table from the database now and then, and
-``publish_caller_keys`` the gateways' caller keys (:mod:`.caller_keys`). ``wake_deployment``
-is sent by a gateway holding a request for a deployment scaled to zero (:mod:`.activation`).
+``publish_caller_keys`` the gateways' caller keys (:mod:`~portal.deployments.traffic.caller_keys`). ``wake_deployment``
+is sent by a gateway holding a request for a deployment scaled to zero (:mod:`~portal.deployments.traffic.activation`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from portal.registry.models import ModelVersion
 
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> float | None:
-    from portal.deployments import controller
+    from portal.deployments.rollout import controller
 
     redis_client().delete(kick.deployment_marker(deployment_id))
     delay = controller.reconcile(deployment_id)
@@ -35,7 +35,7 @@ def reconcile_deployment(deployment_id: int) -> float | None:
 
 @shared_task(acks_late=True)
 def reconcile_multi_region(group_id: int) -> float | None:
-    from portal.deployments import waves
+    from portal.deployments.regions import waves
 
     redis_client().delete(kick.waves_marker(group_id))
     delay = waves.reconcile(group_id)
@@ -57,16 +57,17 @@ def wake_deployments_of(version: ModelVersion) -> None:
 def wake_deployment(deployment_id: int) -> bool:
     """A gateway holds a request for a deployment scaled to zero: wake it (sent by the gateway,
     :mod:`serving.gateway.activator`, by this name)."""
-    from portal.deployments import activation
+    from portal.deployments.traffic import activation
 
     return activation.wake(deployment_id)
 
 
 @shared_task(acks_late=True)
 def copy_to_region(version_id: int, region_id: int) -> str:
-    """Copy a version's files into a region's own model cache (:mod:`.regional_cache`), then
+    """Copy a version's files into a region's own model cache (:mod:`~portal.deployments.runtime.regional_cache`), then
     have that region's deployments waiting for them look again."""
-    from portal.deployments import regional_cache, services
+    from portal.deployments import services
+    from portal.deployments.runtime import regional_cache
 
     state = regional_cache.copy(version_id, region_id)
     for deployment_id in services.waiting_in_region(version_id, region_id):
@@ -80,9 +81,10 @@ def redrive_deployments() -> list[int]:
     pending task or running reconcile will look at (its chain was lost with Redis's data).
     Redis losing its data loses the caller keys too, and every gateway then refuses every
     caller: they are published again here, within seconds rather than at the next minute."""
-    from portal.deployments import activation, caller_keys, services
-    from portal.deployments.controller import lock_key
-    from portal.deployments.waves import lock_key as waves_lock_key
+    from portal.deployments import services
+    from portal.deployments.regions.waves import lock_key as waves_lock_key
+    from portal.deployments.rollout.controller import lock_key
+    from portal.deployments.traffic import activation, caller_keys
 
     caller_keys.republish_if_lost()
     activation.wake_requested()  # the backstop behind the gateways' wake_deployment tasks
@@ -108,9 +110,9 @@ def redrive_deployments() -> list[int]:
 @shared_task
 def publish_routes() -> int:
     """Beat: publish the routing table built from the database, the backstop behind the steps
-    that publish from the recorded routes (see :mod:`.routing`). Publishes nothing when the
+    that publish from the recorded routes (see :mod:`~portal.deployments.traffic.routing`). Publishes nothing when the
     table is what was last published."""
-    from portal.deployments import routing
+    from portal.deployments.traffic import routing
 
     return routing.publish()
 
@@ -119,7 +121,7 @@ def publish_routes() -> int:
 def publish_caller_keys() -> int:
     """Beat: publish the caller keys built from the database, the backstop behind the
     publications after each change (one that failed, or a team's key set lost with Redis)."""
-    from portal.deployments import caller_keys
+    from portal.deployments.traffic import caller_keys
 
     return caller_keys.publish_caller_keys()
 

@@ -97,7 +97,7 @@ class Snapshot:
     prefix_cache_hits: float = 0.0
     kv_cache_usage: float | None = None
     #: Requests in the engine now (gauges: the reading's own values, as ``kv_cache_usage``);
-    #: what the autoscaler reads (:mod:`portal.deployments.autoscaling`).
+    #: what the autoscaler reads (:mod:`portal.deployments.state.autoscaling`).
     requests_running: float = 0.0
     requests_waiting: float = 0.0
     ttft: Histogram = field(default_factory=Histogram)

@@ -13,10 +13,11 @@ from django.core.exceptions import ValidationError
 
 from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
-from portal.deployments import costs, limits
-from portal.deployments.autoscaling import ScaleMetric
+from portal.deployments import costs
 from portal.deployments.models import InstanceType, Strategy
 from portal.deployments.scaling_policy import DEFAULT_TARGETS, POLICY_SETTINGS
+from portal.deployments.state import rollout_limits
+from portal.deployments.state.autoscaling import ScaleMetric
 from portal.registry.models import (
     ApiSurface,
     Backend,
@@ -215,9 +216,9 @@ class InstanceTypeSelect(forms.Select):
 
 
 def _bounded(name: str, **kwargs: Any) -> forms.Field:
-    """An optional scaling setting's field with its bounds from :mod:`portal.deployments.limits`."""
-    bounds = limits.BOUNDS[name]
-    if isinstance(bounds, limits.IntBounds):
+    """An optional scaling setting's field with its bounds from :mod:`portal.deployments.state.rollout_limits`."""
+    bounds = rollout_limits.BOUNDS[name]
+    if isinstance(bounds, rollout_limits.IntBounds):
         return forms.IntegerField(
             min_value=bounds.min, max_value=bounds.max, required=False, **kwargs
         )
@@ -230,9 +231,9 @@ class DeployForm(forms.Form):
         choices=Strategy.choices, initial=Strategy.RED_BLACK, widget=forms.RadioSelect
     )
     replicas = forms.IntegerField(
-        min_value=limits.REPLICAS.min,
-        max_value=limits.REPLICAS.max,
-        initial=limits.REPLICAS.default,
+        min_value=rollout_limits.REPLICAS.min,
+        max_value=rollout_limits.REPLICAS.max,
+        initial=rollout_limits.REPLICAS.default,
         required=False,  # required for a fixed count (clean); autoscaling owns the count
         help_text="A fixed count (unless Autoscale is on, under Scaling).",
     )
@@ -242,26 +243,26 @@ class DeployForm(forms.Form):
         widget=InstanceTypeSelect,
     )
     stages = forms.CharField(
-        initial=", ".join(str(s) for s in limits.DEFAULT_STAGES),
+        initial=", ".join(str(s) for s in rollout_limits.DEFAULT_STAGES),
         help_text="Traffic percent on the new version after each stage, ending at 100.",
     )
     bake_seconds = forms.IntegerField(
-        min_value=limits.BAKE_SECONDS.min,
-        max_value=limits.BAKE_SECONDS.max,
-        initial=limits.BAKE_SECONDS.default,
+        min_value=rollout_limits.BAKE_SECONDS.min,
+        max_value=rollout_limits.BAKE_SECONDS.max,
+        initial=rollout_limits.BAKE_SECONDS.default,
         label="Bake time (seconds)",
         help_text="How long each stage is watched before the next.",
     )
     health_deadline_seconds = forms.IntegerField(
-        min_value=limits.HEALTH_DEADLINE_SECONDS.min,
-        max_value=limits.HEALTH_DEADLINE_SECONDS.max,
-        initial=limits.HEALTH_DEADLINE_SECONDS.default,
+        min_value=rollout_limits.HEALTH_DEADLINE_SECONDS.min,
+        max_value=rollout_limits.HEALTH_DEADLINE_SECONDS.max,
+        initial=rollout_limits.HEALTH_DEADLINE_SECONDS.default,
         label="Health deadline (seconds)",
     )
     max_error_rate = forms.FloatField(
-        min_value=limits.MAX_ERROR_RATE.min,
-        max_value=limits.MAX_ERROR_RATE.max,
-        initial=limits.MAX_ERROR_RATE.default,
+        min_value=rollout_limits.MAX_ERROR_RATE.min,
+        max_value=rollout_limits.MAX_ERROR_RATE.max,
+        initial=rollout_limits.MAX_ERROR_RATE.default,
         label="Roll back above this error rate",
     )
     allow_io_change = forms.BooleanField(
@@ -278,7 +279,7 @@ class DeployForm(forms.Form):
     min_replicas = _bounded(
         "min_replicas",
         label="Minimum instances",
-        initial=limits.MIN_REPLICAS.default,
+        initial=rollout_limits.MIN_REPLICAS.default,
     )
     max_replicas = _bounded(
         "max_replicas",
@@ -301,13 +302,13 @@ class DeployForm(forms.Form):
     scale_up_window_seconds = _bounded(
         "scale_up_window_seconds",
         label="Scale-up window (s)",
-        initial=limits.SCALE_UP_WINDOW_SECONDS.default,
+        initial=rollout_limits.SCALE_UP_WINDOW_SECONDS.default,
         help_text="Scales up to the lowest count asked for over this window.",
     )
     scale_down_window_seconds = _bounded(
         "scale_down_window_seconds",
         label="Scale-down window (s)",
-        initial=limits.SCALE_DOWN_WINDOW_SECONDS.default,
+        initial=rollout_limits.SCALE_DOWN_WINDOW_SECONDS.default,
         help_text="Scales down to the highest count asked for over this window.",
     )
     scale_to_zero_after_seconds = _bounded(
@@ -420,7 +421,7 @@ class ModelSlugsField(forms.ModelMultipleChoiceField):
 
 class CallerKeyForm(forms.Form):
     """A caller key: which of the team's models it calls, for how long, how fast. What makes a
-    key invalid is :func:`portal.deployments.caller_keys.check_key`'s to say."""
+    key invalid is :func:`portal.deployments.traffic.caller_keys.check_key`'s to say."""
 
     name = forms.CharField(max_length=100, help_text="What calls with it, e.g. search-app.")
     models = ModelSlugsField(

@@ -20,9 +20,9 @@ import httpx
 from django.utils import timezone
 
 from portal.accounts.models import Team
-from portal.deployments.caller_keys import IssuedCallerKey, issue_caller_key
 from portal.deployments.models import Deployment
-from portal.deployments.routing import endpoint_url, serves_openai
+from portal.deployments.traffic.caller_keys import IssuedCallerKey, issue_caller_key
+from portal.deployments.traffic.routing import endpoint_url, serves_openai
 from portal.registry.packaging import triton_model_name
 from portal.web.snippets import sample_shape, wire_datatype
 

@@ -1,7 +1,7 @@
 """The deployment page's scaling panel: the policy in words, the count now, sleep and wake, the
 last cold start, and the last scaling decisions with the numbers behind them.
 
-Everything here reads what the controller already wrote (:mod:`portal.deployments.autoscaling`):
+Everything here reads what the controller already wrote (:mod:`portal.deployments.state.autoscaling`):
 the policy's fields, ``Deployment.scaling`` and the ``scaling`` events of the timeline. A
 decision is in both the state (the last ten) and an event; the events also hold the sleeps and
 wakes, so the list merges the two, one row per decision.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from portal.deployments.autoscaling import METRIC_WORDS, Decision
 from portal.deployments.models import Deployment, DeploymentEvent, EventKind, InstanceState
+from portal.deployments.state.autoscaling import METRIC_WORDS, Decision
 
 #: How many decisions the page lists, newest first.
 SHOWN_DECISIONS = 10

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from portal.deployments.models import Deployment
-from portal.deployments.routing import call_endpoints
+from portal.deployments.traffic.routing import call_endpoints
 from portal.registry.packaging import triton_model_name
 
 #: Where the programs the pages show read the caller key from.

@@ -16,7 +16,7 @@ from portal.deployments.models import (
     InstanceState,
     ObservedState,
 )
-from portal.deployments.status import DeploymentStatus, describe
+from portal.deployments.rollout.status import DeploymentStatus, describe
 from portal.registry.models import Model
 
 #: Instances shown on a deployment's page: those running or on their way in or out.

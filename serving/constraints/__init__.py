@@ -6,7 +6,7 @@ imports Django.
 
 from __future__ import annotations
 
-from serving.constraints.spec import (
+from serving.sampling.constraint_spec import (
     All,
     ConstraintError,
     ConstraintSpec,

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.constraints.spec import ConstraintSpec
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import ConstraintSpec
 
 
 class Compiled(Protocol):

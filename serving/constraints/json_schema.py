@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from serving.engine.types import InvalidRequestError, StructuredOutput
+from serving.sampling.types import InvalidRequestError, StructuredOutput
 
 # What ``json_object`` promises (OpenAI's JSON mode): an object, not any JSON value.
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -106,7 +106,7 @@ def as_grammar_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
     parser refuses (it is named later, by that parser), comes back as given."""
     if params is None or not ({"json", "json_object"} & set(params)):
         return params
-    from serving.engine.sampling_params import parse_structured_outputs
+    from serving.sampling.params import parse_structured_outputs
 
     try:
         structured = parse_structured_outputs(params)

@@ -11,7 +11,8 @@ import threading
 from collections import OrderedDict
 
 from serving.constraints import _native
-from serving.constraints.spec import (
+from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import (
     All,
     Choice,
     ConstraintError,
@@ -21,7 +22,6 @@ from serving.constraints.spec import (
     TokenSet,
     spec_key,
 )
-from serving.constraints.vocab import Vocabulary
 
 NativeConstraint = _native.Constraint
 NativeBatch = _native.Batch

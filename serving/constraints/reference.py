@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from serving.constraints.engine import bitmask_words
-from serving.constraints.spec import (
+from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import (
     All,
     Choice,
     ConstraintError,
@@ -29,7 +30,6 @@ from serving.constraints.spec import (
     TokenSet,
     spec_key,
 )
-from serving.constraints.vocab import Vocabulary
 
 MAX_REPEAT = 1000
 MAX_CODE_POINT = 0x10FFFF

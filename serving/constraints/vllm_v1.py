@@ -40,15 +40,15 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from serving.constraints import LOGITS_PROCESSOR, validate_spec
 from serving.constraints.apply import apply_bitmask_, apply_bitmask_async_
 from serving.constraints.engine import Batch, Engine, bitmask_words, log_dead_rows
-from serving.constraints.spec import (
+from serving.sampling.constraint_spec import (
     EXTRA_ARGS_KEY,
     LOGIT_BIAS_KEY,
     ConstraintError,
     ConstraintSpec,
     parse_constraint,
 )
-from serving.engine.sampling_params import BOTH_LOGIT_BIASES, parse_logit_bias
-from serving.engine.types import InvalidRequestError
+from serving.sampling.params import BOTH_LOGIT_BIASES, parse_logit_bias
+from serving.sampling.types import InvalidRequestError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

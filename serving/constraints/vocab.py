@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.constraints.spec import ConstraintError
+from serving.sampling.constraint_spec import ConstraintError
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from serving.constraints import ConstraintError, validate_spec
 from serving.constraints.engine import allocate_bitmask
 from serving.constraints.json_schema import structured_grammar
 from serving.constraints.native import NativeEngine
-from serving.constraints.spec import All, Choice, ConstraintSpec, Regex
 from serving.constraints.vocab import Vocabulary
-from serving.engine.types import InvalidRequestError, SamplingOptions
+from serving.sampling.constraint_spec import All, Choice, ConstraintSpec, Regex
+from serving.sampling.types import InvalidRequestError, SamplingOptions
 
 
 @dataclass(frozen=True)

@@ -45,14 +45,14 @@ from serving.engine.logits_processors import (
 from serving.engine.model import LoadedModel, ModelLoadError, load_model, read_engine_config
 from serving.engine.sampling import adjust_logits, choose
 from serving.engine.stats import EngineStats, FinishedRequest, NullStats
-from serving.engine.types import (
+from serving.request_limits import max_prompt_chars
+from serving.sampling.types import (
     Delta,
     EngineUnavailableError,
     GenerateRequest,
     InvalidRequestError,
     TokenLogprob,
 )
-from serving.limits import max_prompt_chars
 
 logger = logging.getLogger("serving.engine")
 

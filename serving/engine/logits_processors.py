@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from serving.engine.types import InvalidRequestError, SamplingOptions
+from serving.sampling.types import InvalidRequestError, SamplingOptions
 
 logger = logging.getLogger("serving.engine")
 

@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from serving.engine.types import SamplingOptions
+from serving.sampling.types import SamplingOptions
 
 # vLLM raises a positive temperature below this to it (``SamplingParams.__post_init__``: smaller
 # ones overflow to inf/nan); zero means greedy.

@@ -37,7 +37,7 @@ from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, 
 from serving.frontend.settings import Settings
 from serving.frontend.tools import template_tool_calls, template_tools
 from serving.frontend.translate import check_embedding, check_supported, check_token_ids
-from serving.limits import BoundedBody
+from serving.request_limits import BoundedBody
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from serving.frontend.errors import bad_request
 from serving.frontend.tool_parsers import parser_name
-from serving.limits import max_prompt_chars
 from serving.package import CONFIG_FILE, ENGINE_ARGS_FILE, TOOL_CALL_PARSER
 from serving.repository import BACKEND, ModelEntry, RepositoryError, read_repository
+from serving.request_limits import max_prompt_chars
 
 logger = logging.getLogger(__name__)
 

@@ -78,7 +78,7 @@ def _param(loc: tuple[Any, ...]) -> str:
 
 
 def limit_error_body(status: int, message: str) -> bytes:
-    """The body :class:`serving.limits.BoundedBody` answers with: too large (413) or not
+    """The body :class:`serving.request_limits.BoundedBody` answers with: too large (413) or not
     parseable at all (400: not UTF-8, nested too deep)."""
     code = "request_too_large" if status == 413 else "invalid_request_body"
     return json.dumps(OpenAIError(status, message, code=code).body()).encode()

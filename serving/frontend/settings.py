@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.limits import max_body_bytes
+from serving.request_limits import max_body_bytes
 
 
 @dataclass(frozen=True)

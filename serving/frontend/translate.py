@@ -27,9 +27,6 @@ from typing import Any
 import jsonschema
 
 from serving.constraints.json_schema import as_grammar_params
-from serving.constraints.spec import EXTRA_ARGS_KEY, LOGIT_BIAS_KEY
-from serving.engine.sampling_params import parse_sampling_parameters
-from serving.engine.types import InvalidRequestError
 from serving.frontend.errors import OpenAIError, bad_request, unsupported
 from serving.frontend.protocol import (
     ChatCompletionRequest,
@@ -38,6 +35,9 @@ from serving.frontend.protocol import (
     NamedToolChoice,
 )
 from serving.frontend.tools import check_tools, forced_schema
+from serving.sampling.constraint_spec import EXTRA_ARGS_KEY, LOGIT_BIAS_KEY
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import InvalidRequestError
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 SEED_MODULUS = 2**63

@@ -47,7 +47,7 @@ from serving.gateway import keys, table
 from serving.gateway.activator import DEFAULT_HOLD_MAX, DEFAULT_HOLD_SECONDS
 from serving.gateway.connections import ConnectionGuard, GuardedSite
 from serving.gateway.supervisor import supervise
-from serving.limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
+from serving.request_limits import GATEWAY_MAX_BODY_ENV, max_body_bytes
 
 if TYPE_CHECKING:
     from serving.gateway.proxy import Gateway

@@ -35,7 +35,7 @@ from serving.gateway.keys import KeyTable, Refused, estimate_tokens, presented_k
 from serving.gateway.ratelimit import LimitsUnavailable, RateLimiter, buckets
 from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
 from serving.gateway.table import Backend, Group, RouteEntry
-from serving.limits import DEFAULT_MAX_BODY_BYTES
+from serving.request_limits import DEFAULT_MAX_BODY_BYTES
 
 #: Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp sets.
 HOP_BY_HOP = frozenset(

@@ -1,9 +1,10 @@
 """The tensor contract of Triton's vLLM backend (``triton-inference-server/vllm_backend``,
 ``src/model.py`` and ``src/utils/request.py``, main of 2026-01-09), reproduced for the CPU engine.
 
-Model configuration: the backend's ``auto_complete_config`` adds the inputs and outputs below to
+Model configuration: the backend's ``auto_complete_config`` adds its inputs and outputs to
 whatever ``config.pbtxt`` declares, forces a decoupled transaction policy and
-``max_batch_size: 0``. Metadata therefore reports the same tensors, ``platform`` = the backend.
+``max_batch_size: 0`` (:mod:`serving.model_config`). Metadata therefore reports the same
+tensors, ``platform`` = the backend.
 
 Generation (no ``embedding_request`` input):
 
@@ -48,86 +49,13 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving.engine.sampling_params import parse_sampling_parameters
-from serving.engine.types import Delta, InvalidRequestError, SamplingOptions
 from serving.kserve.errors import invalid
-from serving.limits import BadBody, check_json_depth
+from serving.model_config import RETURN_FLAGS, TensorSpec, input_specs, output_specs
+from serving.request_limits import BadBody, check_json_depth
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import Delta, InvalidRequestError, SamplingOptions
 
-BACKEND = "vllm"
 BACKEND_ERROR_PREFIX = "Error generating stream: "
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str  # KServe protocol string: BYTES, BOOL, FP32, UINT32
-    dims: tuple[int, ...]
-    optional: bool = False
-
-
-_CONFIG_TYPES = {"BYTES": mc.TYPE_STRING, "BOOL": mc.TYPE_BOOL, "FP32": mc.TYPE_FP32}
-_CONFIG_TYPES |= {"UINT32": mc.TYPE_UINT32}
-_PROTOCOL_TYPES = {v: k for k, v in _CONFIG_TYPES.items()}
-
-_FLAGS = (
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-)
-INPUTS = (
-    TensorSpec("text_input", "BYTES", (1,)),
-    TensorSpec("image", "BYTES", (-1,), optional=True),
-    TensorSpec("stream", "BOOL", (1,), optional=True),
-    TensorSpec("sampling_parameters", "BYTES", (1,), optional=True),
-    TensorSpec("exclude_input_in_output", "BOOL", (1,), optional=True),
-    *(TensorSpec(flag, "BOOL", (1,), optional=True) for flag in _FLAGS),
-    TensorSpec("embedding_request", "BYTES", (1,), optional=True),
-)
-OUTPUTS = (
-    TensorSpec("text_output", "BYTES", (-1,)),
-    TensorSpec("finish_reason", "BYTES", (-1,)),
-    TensorSpec("cumulative_logprob", "FP32", (-1,)),
-    TensorSpec("logprobs", "BYTES", (-1,)),
-    TensorSpec("num_input_tokens", "UINT32", (1,)),
-    TensorSpec("num_output_tokens", "UINT32", (-1,)),
-)
-
-
-def auto_complete(config: mc.ModelConfig) -> None:
-    """What the backend's ``auto_complete_config`` does to a model's configuration."""
-    have_inputs = {i.name for i in config.input}
-    for spec in INPUTS:
-        if spec.name not in have_inputs:
-            config.input.add(
-                name=spec.name,
-                data_type=_CONFIG_TYPES[spec.datatype],
-                dims=list(spec.dims),
-                optional=spec.optional,
-            )
-    have_outputs = {o.name for o in config.output}
-    for spec in OUTPUTS:
-        if spec.name not in have_outputs:
-            config.output.add(
-                name=spec.name, data_type=_CONFIG_TYPES[spec.datatype], dims=list(spec.dims)
-            )
-    config.model_transaction_policy.decoupled = True
-    config.max_batch_size = 0
-
-
-def input_specs(config: mc.ModelConfig) -> dict[str, TensorSpec]:
-    return {
-        i.name: TensorSpec(i.name, _PROTOCOL_TYPES[i.data_type], tuple(i.dims), i.optional)
-        for i in config.input
-    }
-
-
-def output_specs(config: mc.ModelConfig) -> dict[str, TensorSpec]:
-    return {
-        o.name: TensorSpec(o.name, _PROTOCOL_TYPES[o.data_type], tuple(o.dims))
-        for o in config.output
-    }
 
 
 def metadata(config: mc.ModelConfig, version: str) -> dict[str, Any]:
@@ -221,7 +149,7 @@ def parse_generate(tensors: dict[str, Tensor], parameters: dict[str, Any]) -> Ge
         options = parse_sampling_parameters(_text(sampling, "sampling_parameters"))
     else:
         options = parse_sampling_parameters(dict(parameters))
-    flags = {flag: bool(_scalar(tensors, flag) or False) for flag in _FLAGS}
+    flags = {flag: bool(_scalar(tensors, flag) or False) for flag in RETURN_FLAGS}
     return GenerateCall(prompt, stream, prepend_input, options, flags)
 
 

@@ -28,7 +28,7 @@ from tritonclient.utils import serialize_byte_tensor
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
 from serving.kserve.grpc_codec import NUMPY_TYPES, decode_raw
-from serving.limits import BadBody, BodyTooLarge, check_json_body
+from serving.request_limits import BadBody, BodyTooLarge, check_json_body
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -124,7 +124,7 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 
 def load_json(raw: bytes) -> Any:
     """A request's JSON, refused (INVALID_ARG) when it is not UTF-8, nests deeper than
-    :data:`serving.limits.MAX_JSON_DEPTH` or does not parse."""
+    :data:`serving.request_limits.MAX_JSON_DEPTH` or does not parse."""
     try:
         text = check_json_body(raw)
     except BadBody as exc:

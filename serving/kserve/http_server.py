@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from serving import limits
+from serving import request_limits
 from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
 from serving.kserve.grpc_codec import NUMPY_TYPES
@@ -53,7 +53,7 @@ from serving.kserve.http_infer import (
 )
 from serving.kserve.service import InferenceService, ServedModel
 from serving.kserve.triton_metrics import Duration, ModelStats
-from serving.limits import BoundedBody
+from serving.request_limits import BoundedBody
 
 HTTP_DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
 _GENERATE_ONE = (
@@ -184,7 +184,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def build_app(service: InferenceService, max_body_bytes: int | None = None) -> Starlette:
     """The KServe v2 HTTP app; bodies over ``max_body_bytes`` (default
     ``$SERVING_MAX_BODY_BYTES``) are refused with 413, compressed ones once inflated past it."""
-    body_limit = limits.max_body_bytes() if max_body_bytes is None else max_body_bytes
+    body_limit = request_limits.max_body_bytes() if max_body_bytes is None else max_body_bytes
 
     async def server_metadata(request: Request) -> Response:
         return JSONResponse(

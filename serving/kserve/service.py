@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from serving import model_config
 from serving.engine.core import Engine
-from serving.engine.types import Delta, EngineUnavailableError, GenerateRequest, InvalidRequestError
 from serving.kserve import contract
-from serving.kserve.contract import Tensor, TensorSpec
+from serving.kserve.contract import Tensor
 from serving.kserve.errors import Code, TritonError, invalid
 from serving.kserve.triton_metrics import RequestTimer, StatsRecorder
+from serving.model_config import TensorSpec
 from serving.python_backend.types import ModelError, ModelRequest, ModelResponse
 from serving.python_backend.types import Tensor as ModelTensor
 from serving.repository import (
@@ -34,6 +35,12 @@ from serving.repository import (
     RepositoryError,
     model_names,
     read_model,
+)
+from serving.sampling.types import (
+    Delta,
+    EngineUnavailableError,
+    GenerateRequest,
+    InvalidRequestError,
 )
 
 if TYPE_CHECKING:
@@ -147,12 +154,12 @@ def triton_error(error: ModelError) -> TritonError:
 
 def default_config(engine: Engine) -> mc.ModelConfig:
     """The configuration Triton would report for a bare ``backend: "vllm"`` config.pbtxt."""
-    config = mc.ModelConfig(name=engine.name, backend=contract.BACKEND)
+    config = mc.ModelConfig(name=engine.name, backend=model_config.BACKEND)
     config.instance_group.add(
         name=f"{engine.name}_0", count=1, kind=mc.ModelInstanceGroup.KIND_MODEL
     )
     config.version_policy.latest.num_versions = 1
-    contract.auto_complete(config)
+    model_config.auto_complete(config)
     return config
 
 
@@ -193,7 +200,7 @@ class InferenceService:
 
     def _add(self, engine: Engine, config: mc.ModelConfig) -> None:
         self.models[engine.name] = ServedModel(
-            engine, config, contract.input_specs(config), contract.output_specs(config)
+            engine, config, model_config.input_specs(config), model_config.output_specs(config)
         )
         self.stats.add_model(engine.name, engine.version)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from portal.deployments.autoscaling import Decision, ScalingState
 from portal.deployments.models import Deployment, DeploymentEvent, EventKind
+from portal.deployments.state.autoscaling import Decision, ScalingState
 from tests.api.helpers import api_error, nothing_created, ok
 from tests.factories import TAGGER_IO, make_deployment, make_python_version, make_version
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal.accounts.models import CallerKey, Role
 from portal.accounts.tokens import issue_token
-from portal.deployments.caller_keys import issue_caller_key
+from portal.deployments.traffic.caller_keys import issue_caller_key
 from serving.gateway import keys as gateway_keys
 from tests.api.helpers import api_error, ok
 from tests.factories import make_model

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from portal.deployments.launchers import version_set
 from portal.deployments.models import Instance
+from portal.deployments.runtime.launchers import version_set
 from tests.conftest import stop_process_group
 from tests.deployments.rollout_helpers import wait_for
 from tests.deployments.test_instance_logs import append, run_dir

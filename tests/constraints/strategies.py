@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from serving.constraints.reference import ReferenceEngine
-from serving.constraints.spec import All, Choice, ConstraintSpec, MaxTokens, Regex, TokenSet
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import All, Choice, ConstraintSpec, MaxTokens, Regex, TokenSet
 
 NON_ASCII = "éü€中😀ß"
 ASCII_ALPHABET = "abcxyz019 -_.\n"

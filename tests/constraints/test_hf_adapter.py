@@ -20,8 +20,8 @@ from transformers import (
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from serving.constraints.hf import ConstraintLogitsProcessor
-from serving.constraints.spec import parse_constraint
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import parse_constraint
 from tests.constraints.helpers import ENGINE_CLASSES
 
 EOS_TEXT = "<|endoftext|>"

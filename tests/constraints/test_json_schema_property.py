@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.constraints.json_schema import json_object_grammar, json_schema_grammar
-from serving.engine.types import InvalidRequestError
+from serving.sampling.types import InvalidRequestError
 from tests.constraints.json_schemas import (
     Vocab,
     byte_vocab,

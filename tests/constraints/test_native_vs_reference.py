@@ -19,8 +19,8 @@ from serving.constraints import ConstraintError
 from serving.constraints.engine import allocate_bitmask
 from serving.constraints.native import NativeEngine
 from serving.constraints.reference import ReferenceEngine
-from serving.constraints.spec import All, Choice, ConstraintSpec, Regex
 from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import All, Choice, ConstraintSpec, Regex
 from tests.constraints.helpers import allowed_ids
 from tests.constraints.strategies import specs, vocabularies
 

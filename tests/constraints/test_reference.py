@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from serving.constraints.engine import allocate_bitmask
 from serving.constraints.reference import DEAD, ReferenceEngine, pack_allowed
-from serving.constraints.spec import (
+from serving.constraints.vocab import Vocabulary
+from serving.sampling.constraint_spec import (
     All,
     Choice,
     ConstraintError,
@@ -22,7 +23,6 @@ from serving.constraints.spec import (
     TokenSet,
     parse_constraint,
 )
-from serving.constraints.vocab import Vocabulary
 from tests.constraints.strategies import (
     ALPHABET,
     byte_vocabulary,

@@ -36,11 +36,11 @@ from vllm.v1.sample.logits_processor import (
 from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
 
 from serving.constraints.reference import ReferenceEngine
-from serving.constraints.spec import ConstraintError, ConstraintSpec, parse_constraint
 from serving.constraints.vllm_v1 import FQCN, ConstraintLogitsProcessor
 from serving.constraints.vocab import Vocabulary
-from serving.engine.sampling_params import parse_sampling_parameters
-from serving.engine.types import InvalidRequestError
+from serving.sampling.constraint_spec import ConstraintError, ConstraintSpec, parse_constraint
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import InvalidRequestError
 from tests.constraints.helpers import ENGINE_CLASSES
 
 TOKENS = [

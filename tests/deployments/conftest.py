@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from portal.core.actors import Actor
-from portal.deployments.caller_keys import issue_caller_key
 from portal.deployments.models import Deployment
 from portal.deployments.services import create_deployment
+from portal.deployments.traffic.caller_keys import issue_caller_key
 from portal.registry.models import ModelVersion, VersionState
 from portal.registry.services import create_model, register_version
 from serving.demo_model import make_demo_model

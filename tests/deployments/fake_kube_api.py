@@ -188,7 +188,7 @@ class FakeKubeApi:
         reads, e.g. the namespace, are the caller's to set first)."""
         from kubernetes import client as k8s
 
-        from portal.deployments.launchers.kubernetes import KubernetesLauncher
+        from portal.deployments.runtime.launchers.kubernetes import KubernetesLauncher
 
         configuration = k8s.Configuration()
         configuration.host = self.url

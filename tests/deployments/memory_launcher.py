@@ -11,8 +11,7 @@ from typing import ClassVar
 
 from django.conf import settings
 
-from portal.deployments.autoscaling import InstanceLoad
-from portal.deployments.launchers.base import (
+from portal.deployments.runtime.launchers.base import (
     LOG_CHUNK_LINES,
     LOG_DEFAULT_TAIL,
     Health,
@@ -24,6 +23,7 @@ from portal.deployments.launchers.base import (
     Route,
     VersionSet,
 )
+from portal.deployments.state.autoscaling import InstanceLoad
 
 
 class MemoryLauncher(Launcher):

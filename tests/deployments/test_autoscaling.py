@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from portal.deployments.autoscaling import (
+from portal.deployments.state.autoscaling import (
     InstanceLoad,
     ScalingPolicy,
     ScalingState,

@@ -14,12 +14,14 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from portal.deployments import activation, controller, services
-from portal.deployments.autoscaling import InstanceLoad
-from portal.deployments.launchers.base import Health
+from portal.deployments import services
 from portal.deployments.models import Deployment
-from portal.deployments.routing import route_path
-from portal.deployments.status import describe
+from portal.deployments.rollout import controller
+from portal.deployments.rollout.status import describe
+from portal.deployments.runtime.launchers.base import Health
+from portal.deployments.state.autoscaling import InstanceLoad
+from portal.deployments.traffic import activation
+from portal.deployments.traffic.routing import route_path
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import USER, ready_version, run_until, step
 from tests.factories import make_model

@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from portal.accounts.models import CallerKey
-from portal.deployments import caller_keys as ck
 from portal.deployments.tasks import publish_caller_keys, redrive_deployments
+from portal.deployments.traffic import caller_keys as ck
 from serving.gateway import keys as gateway_keys
 from tests.factories import make_model
 

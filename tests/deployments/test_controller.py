@@ -13,10 +13,11 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from portal.core.actors import Actor
-from portal.deployments import controller, services
-from portal.deployments.launchers.base import Health
+from portal.deployments import services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
+from portal.deployments.rollout import controller
+from portal.deployments.runtime.launchers.base import Health
 from portal.registry.lifecycle import transition_version
 from portal.registry.models import VersionState
 from tests.deployments.memory_launcher import MemoryLauncher as M
@@ -284,7 +285,7 @@ def test_an_instance_whose_counts_were_unread_when_the_bake_began_is_judged_from
 ):
     """On a busy machine the baseline scrape of v2's instance timed out. Its requests from
     before the bake (200 answered) must not dilute the failures of the bake (10 of 11)."""
-    from portal.deployments.rollout_state import RequestCounts
+    from portal.deployments.state.rollout_state import RequestCounts
 
     model, v1, v2 = versions
     M.with_metrics = True

@@ -288,11 +288,11 @@ def test_an_api_call_naming_only_the_version_keeps_the_live_settings(world, memb
 
 
 def test_the_current_stage_and_percent_have_one_home(world, member):
-    """The API's ``current_stage``/``stage_percent`` are the status's (:mod:`.status`): a first
+    """The API's ``current_stage``/``stage_percent`` are the status's (:mod:`~portal.deployments.rollout.status`): a first
     Red-Black deploy goes all at once and has no stage, whatever stage the controller counts."""
     from rest_framework.test import APIClient
 
-    from portal.deployments.status import describe
+    from portal.deployments.rollout.status import describe
 
     deployment = make_deployment(world.model, world.versions[0], world.cpu)
     client = APIClient()

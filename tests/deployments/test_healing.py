@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from portal.deployments.healing import RestartPolicy
+from portal.deployments.state.healing import RestartPolicy
 
 POLICY = RestartPolicy(
     backoff_seconds=2, backoff_max_seconds=10, loop_failures=4, window_seconds=100

@@ -14,9 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from portal.deployments.launchers import kubernetes as kubernetes_launcher
-from portal.deployments.launchers import version_set
-from portal.deployments.launchers.base import (
+from portal.deployments.lifecycle import transition_instance
+from portal.deployments.models import Instance, InstanceState
+from portal.deployments.runtime.launchers import kubernetes as kubernetes_launcher
+from portal.deployments.runtime.launchers import version_set
+from portal.deployments.runtime.launchers.base import (
     LOG_CHUNK_BYTES,
     LOG_CHUNK_LINES,
     LogCursorError,
@@ -24,10 +26,8 @@ from portal.deployments.launchers.base import (
     Shape,
     VersionSet,
 )
-from portal.deployments.launchers.local import LOG, LocalLauncher, _crash_reason
-from portal.deployments.lifecycle import transition_instance
-from portal.deployments.logs import failure_summary, format_line
-from portal.deployments.models import Instance, InstanceState
+from portal.deployments.runtime.launchers.local import LOG, LocalLauncher, _crash_reason
+from portal.deployments.runtime.logs import failure_summary, format_line
 from tests.deployments.fake_kube_api import FakeKubeApi
 
 STEP_FAILED = json.dumps(

@@ -10,15 +10,15 @@ import kubernetes_validate
 import pytest
 
 from portal.core.redis_clients import redis_client
-from portal.deployments.launchers import k8s_objects as objects
-from portal.deployments.launchers.base import (
+from portal.deployments.runtime.launchers import k8s_objects as objects
+from portal.deployments.runtime.launchers.base import (
     Health,
     Route,
     Shape,
     TrafficShare,
     VersionSet,
 )
-from portal.deployments.launchers.kubernetes import DELETION_COST
+from portal.deployments.runtime.launchers.kubernetes import DELETION_COST
 from serving.instance.supervisor import engine_process, parse_args
 from tests.deployments.fake_kube_api import FakeKubeApi
 

@@ -16,11 +16,12 @@ from kubernetes import client as k8s
 from kubernetes.config import ConfigException, kube_config
 
 from portal.core.actors import Actor
-from portal.deployments import routing, services
-from portal.deployments.launchers import get_launcher, region_config, version_set
-from portal.deployments.launchers import k8s_objects as objects
-from portal.deployments.launchers.kubernetes import KubernetesLauncher
+from portal.deployments import services
 from portal.deployments.models import Deployment, Instance, InstanceState, ObservedState, Region
+from portal.deployments.runtime.launchers import get_launcher, region_config, version_set
+from portal.deployments.runtime.launchers import k8s_objects as objects
+from portal.deployments.runtime.launchers.kubernetes import KubernetesLauncher
+from portal.deployments.traffic import routing
 from serving.gateway import table
 from tests.deployments.fake_kube_api import FakeKubeApi
 from tests.deployments.test_controller import ready_version

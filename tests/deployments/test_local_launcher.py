@@ -12,8 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from portal.deployments.launchers.base import Health, Shape, VersionSet
-from portal.deployments.launchers.local import LocalLauncher
+from portal.deployments.runtime.launchers.base import Health, Shape, VersionSet
+from portal.deployments.runtime.launchers.local import LocalLauncher
 from serving.demo import package_weights
 from tests.deployments.rollout_helpers import instance_processes, kill_instance_processes, wait_for
 

@@ -13,14 +13,16 @@ import time
 import httpx
 import pytest
 
-from portal.deployments import caller_keys, multi_region, services
+from portal.deployments import services
 from portal.deployments.models import (
     DeploymentEvent,
     MultiRegionDeployment,
     Region,
     default_region,
 )
-from portal.deployments.multi_region import RegionPart
+from portal.deployments.regions import multi_region
+from portal.deployments.regions.multi_region import RegionPart
+from portal.deployments.traffic import caller_keys
 from tests.conftest import stop_process_group
 from tests.deployments.conftest import USER
 from tests.deployments.rollout_helpers import (

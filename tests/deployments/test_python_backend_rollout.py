@@ -20,7 +20,7 @@ from django.utils import timezone
 from tritonclient.utils import InferenceServerException
 
 from portal.deployments import services
-from portal.deployments.rollout_health import scrape_counts
+from portal.deployments.rollout.rollout_health import scrape_counts
 from portal.metrics import services as metrics
 from portal.metrics.services import scrape_live_instances
 from portal.web.snippets import call_context

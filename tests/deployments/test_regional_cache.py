@@ -11,10 +11,12 @@ import hashlib
 import pytest
 
 from portal.core.actors import Actor
-from portal.deployments import controller, regional_cache, services
-from portal.deployments.launchers import version_set
-from portal.deployments.launchers.base import Health
+from portal.deployments import services
 from portal.deployments.models import Region, RegionalCopy
+from portal.deployments.rollout import controller
+from portal.deployments.runtime import regional_cache
+from portal.deployments.runtime.launchers import version_set
+from portal.deployments.runtime.launchers.base import Health
 from portal.registry.models import ModelVersion
 from portal.registry.packaging import packages_dir, weights_dir
 from tests.deployments.memory_launcher import MemoryLauncher as M

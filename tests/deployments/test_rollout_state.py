@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from portal.deployments.models import Deployment, Strategy
-from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep
-from portal.deployments.strategies import AllAtOnce, StagedShift, plan_for
+from portal.deployments.rollout.strategies import AllAtOnce, StagedShift, plan_for
+from portal.deployments.state.rollout_state import Phase, RequestCounts, RolloutStep
 
 # What the controller wrote before the step had a type (a bake in progress).
 STORED_BAKE = {

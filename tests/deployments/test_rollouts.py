@@ -14,10 +14,11 @@ import pytest
 import redis
 from django.conf import settings
 
-from portal.deployments import routing, services
+from portal.deployments import services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import redrive_deployments
+from portal.deployments.traffic import routing
 from serving.gateway import table
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.deployments.conftest import USER

@@ -9,10 +9,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from portal.core.actors import Actor
-from portal.deployments import controller, routing, services, tasks
-from portal.deployments.launchers.base import Health
+from portal.deployments import services, tasks
 from portal.deployments.lifecycle import transition_deployment, transition_instance
 from portal.deployments.models import Deployment, ObservedState
+from portal.deployments.rollout import controller
+from portal.deployments.runtime.launchers.base import Health
+from portal.deployments.traffic import routing
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import ready_version, step
 from tests.factories import make_model

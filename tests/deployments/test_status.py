@@ -11,10 +11,10 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from portal.deployments import services
-from portal.deployments.launchers.base import Health
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import Deployment
-from portal.deployments.status import DeploymentStatus, describe, traffic_text
+from portal.deployments.rollout.status import DeploymentStatus, describe, traffic_text
+from portal.deployments.runtime.launchers.base import Health
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import USER, ready_version, run_until, step
 from tests.factories import make_model

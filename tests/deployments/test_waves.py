@@ -14,8 +14,7 @@ import pytest
 
 from portal.core.actors import Actor
 from portal.core.errors import Conflict
-from portal.deployments import controller, multi_region, services, tasks, waves
-from portal.deployments.launchers.base import Health
+from portal.deployments import services, tasks
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
     Deployment,
@@ -23,7 +22,10 @@ from portal.deployments.models import (
     MultiRegionDeployment,
     Region,
 )
-from portal.deployments.multi_region import RegionPart
+from portal.deployments.regions import multi_region, waves
+from portal.deployments.regions.multi_region import RegionPart
+from portal.deployments.rollout import controller
+from portal.deployments.runtime.launchers.base import Health
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.test_controller import ready_version
 from tests.factories import make_model

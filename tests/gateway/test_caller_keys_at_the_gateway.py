@@ -10,8 +10,8 @@ import httpx
 import pytest
 from django.conf import settings
 
-from portal.deployments import caller_keys
 from portal.deployments.tasks import redrive_deployments
+from portal.deployments.traffic import caller_keys
 from serving.gateway.table import Group
 from tests.conftest import stop_process_group
 from tests.deployments.rollout_helpers import start_gateway, wait_for

@@ -13,9 +13,9 @@ import yaml
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from portal.deployments.launchers import k8s_objects as objects
-from portal.deployments.launchers.base import Health, Route, TrafficShare
 from portal.deployments.models import Region
+from portal.deployments.runtime.launchers import k8s_objects as objects
+from portal.deployments.runtime.launchers.base import Health, Route, TrafficShare
 from tests.conftest import stop_process_group
 from tests.deployments.fake_kube_api import FakeKubeApi
 from tests.deployments.rollout_helpers import start_gateway, wait_for

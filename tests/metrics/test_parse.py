@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from portal.deployments.rollout_health import parse_counts
+from portal.deployments.rollout.rollout_health import parse_counts
 from portal.metrics import buckets as bk
 from portal.metrics.scrape import Snapshot, parse_exposition
 from tests.metrics.helpers import EngineExposition

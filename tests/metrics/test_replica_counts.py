@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.deployments.autoscaling import ScalingState
 from portal.deployments.models import Deployment, InstanceState, ObservedState
+from portal.deployments.state.autoscaling import ScalingState
 from portal.metrics.models import MetricPoint
 from portal.metrics.services import CHARTS, VALUE_FIELDS, scrape_live_instances, series
 from tests.api.helpers import ok

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from portal.deployments.models import InstanceState
-from portal.deployments.rollout_health import scrape_counts
+from portal.deployments.rollout.rollout_health import scrape_counts
 from portal.metrics.models import MetricPoint, MetricSource
 from portal.metrics.scrape import Snapshot
 from portal.metrics.services import scrape_live_instances

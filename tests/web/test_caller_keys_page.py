@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.accounts.models import CallerKey
-from portal.deployments.caller_keys import issue_caller_key
+from portal.deployments.traffic.caller_keys import issue_caller_key
 from serving.gateway import keys as gateway_keys
 from tests.factories import make_model
 from tests.web.test_pages import has_error, signed_in

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from portal.deployments.routing import endpoint_url
+from portal.deployments.traffic.routing import endpoint_url
 from tests.factories import make_version
 from tests.web.test_browser import browser_page, shot, sign_in  # noqa: F401  (a fixture)
 

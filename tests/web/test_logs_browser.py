@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from portal.deployments.launchers import version_set
 from portal.deployments.lifecycle import transition_instance
 from portal.deployments.models import Instance, InstanceState
+from portal.deployments.runtime.launchers import version_set
 from tests.deployments.test_instance_logs import STEP_FAILED, append, run_dir
 from tests.web.test_browser import browser_page, shot  # noqa: F401
 

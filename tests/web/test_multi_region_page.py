@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 
 from portal.core.actors import Actor
-from portal.deployments import multi_region
 from portal.deployments.models import MultiRegionDeployment, Region
-from portal.deployments.multi_region import RegionPart
+from portal.deployments.regions import multi_region
+from portal.deployments.regions.multi_region import RegionPart
 from tests.deployments.memory_launcher import MemoryLauncher
 from tests.deployments.test_controller import ready_version
 from tests.deployments.test_waves import NAMES, World

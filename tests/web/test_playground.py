@@ -11,9 +11,9 @@ from django.conf import settings
 from django.urls import reverse
 
 from portal.accounts.models import CallerKey
-from portal.deployments.caller_keys import publish_caller_keys
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import ObservedState
+from portal.deployments.traffic.caller_keys import publish_caller_keys
 from serving.gateway import table
 from serving.gateway.table import Group, RouteEntry
 from tests.conftest import stop_process_group

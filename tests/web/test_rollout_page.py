@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import Deployment, ObservedState
-from portal.deployments.rollout_state import Phase, RolloutStep
+from portal.deployments.state.rollout_state import Phase, RolloutStep
 from portal.registry.models import VersionState
 from portal.web.timeline import group_by_rollout
 from tests.factories import make_version

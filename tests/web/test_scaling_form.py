@@ -194,7 +194,7 @@ def test_rolling_the_live_deployment_offers_and_keeps_its_policy(
 def test_the_admin_shows_the_policy_and_the_decisions_read_only(
     admin_client, model, version, cpu_instance_type
 ):
-    from portal.deployments.autoscaling import Decision, ScalingState
+    from portal.deployments.state.autoscaling import Decision, ScalingState
 
     deployment = make_deployment(
         model, version, cpu_instance_type, scaling={"min_replicas": 1, "max_replicas": 4}

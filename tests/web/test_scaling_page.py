@@ -12,10 +12,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.deployments import autoscaling
-from portal.deployments.autoscaling import InstanceLoad, ScalingPolicy, ScalingState
 from portal.deployments.lifecycle import CONTROLLER, record_event
 from portal.deployments.models import Deployment, EventKind, Instance, InstanceState, ObservedState
+from portal.deployments.state import autoscaling
+from portal.deployments.state.autoscaling import InstanceLoad, ScalingPolicy, ScalingState
 from portal.metrics.models import MetricPoint
 from tests.web.test_browser import browser_page, shot, sign_in  # noqa: F401  (a fixture)
 from tests.web.test_pages import page_html, signed_in

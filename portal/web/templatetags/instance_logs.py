@@ -7,8 +7,8 @@ from typing import Any
 
 from django import template
 
-from portal.deployments.logs import failure_summary
 from portal.deployments.models import Deployment, InstanceState
+from portal.deployments.runtime.logs import failure_summary
 
 register = template.Library()
 

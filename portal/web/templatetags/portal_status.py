@@ -8,9 +8,9 @@ from typing import Any
 from django import template
 
 from portal.deployments.models import Deployment, Instance
-from portal.deployments.rollout_state import Traffic
-from portal.deployments.routing import endpoint_url
-from portal.deployments.status import DeploymentStatus, describe, traffic_text
+from portal.deployments.rollout.status import DeploymentStatus, describe, traffic_text
+from portal.deployments.state.rollout_state import Traffic
+from portal.deployments.traffic.routing import endpoint_url
 from portal.registry.display import engine_arg_items, io_spec_rows
 
 register = template.Library()
@@ -19,7 +19,7 @@ register = template.Library()
 @register.simple_tag
 def deployment_status(deployment: Deployment, instances: list[Instance] | None = None):
     """``{% deployment_status deployment instances as status %}``: the one status the page,
-    the dashboard, the admin and the API show (:func:`~portal.deployments.status.describe`)."""
+    the dashboard, the admin and the API show (:func:`~portal.deployments.rollout.status.describe`)."""
     return describe(deployment, instances or ())
 
 

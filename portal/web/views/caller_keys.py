@@ -1,6 +1,6 @@
 """A team's caller keys, the keys programs present to the gateway to call its models: create
 (the plaintext is shown once), list with their last use, revoke. Thin over
-:mod:`portal.deployments.caller_keys`."""
+:mod:`portal.deployments.traffic.caller_keys`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from portal.accounts.models import CallerKey
-from portal.deployments.caller_keys import (
+from portal.deployments.traffic.caller_keys import (
     CallerKeyError,
     issue_caller_key,
     last_used,

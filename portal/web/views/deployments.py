@@ -24,9 +24,9 @@ from portal.deployments import costs
 from portal.deployments import services as deployment_services
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import LIVE_STATES, Deployment
-from portal.deployments.routing import endpoint_url
+from portal.deployments.rollout.status import describe
 from portal.deployments.scaling_policy import POLICY_SETTINGS
-from portal.deployments.status import describe
+from portal.deployments.traffic.routing import endpoint_url
 from portal.metrics import services as metrics
 from portal.registry import services as registry_services
 from portal.registry.diff import version_diff

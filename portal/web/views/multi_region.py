@@ -11,7 +11,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
 from portal.core.errors import InvalidTransition
-from portal.deployments import multi_region
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
     Deployment,
@@ -19,7 +18,8 @@ from portal.deployments.models import (
     InstanceState,
     MultiRegionDeployment,
 )
-from portal.deployments.status import DeploymentStatus, describe
+from portal.deployments.regions import multi_region
+from portal.deployments.rollout.status import DeploymentStatus, describe
 from portal.web import summaries
 from portal.web.teams import TeamContext, team_context
 from portal.web.views.deployments import ask_for

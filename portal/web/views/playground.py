@@ -9,13 +9,13 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from portal.deployments.caller_keys import CallerKeyError
 from portal.deployments.models import LIVE_STATES
+from portal.deployments.traffic.caller_keys import CallerKeyError
 from portal.web import playground
 from portal.web.teams import team_context
 from portal.web.views.deployments import get_deployment
 from portal.web.views.registry import require_write
-from serving.limits import BadBody, check_json_body
+from serving.request_limits import BadBody, check_json_body
 
 
 def _refused(message: str, status: int = 400) -> JsonResponse:

@@ -11,9 +11,9 @@ import pytest
 
 from serving.engine.core import Engine, load_engine
 from serving.engine.model import ModelLoadError
-from serving.engine.sampling_params import parse_sampling_parameters
 from serving.engine.stats import FinishedRequest, NullStats
-from serving.engine.types import (
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import (
     Delta,
     EngineUnavailableError,
     GenerateRequest,

@@ -17,8 +17,8 @@ import pytest
 from serving.engine.core import Engine, load_engine
 from serving.engine.logits_processors import load_general_plugins
 from serving.engine.model import ModelLoadError
-from serving.engine.sampling_params import parse_sampling_parameters
-from serving.engine.types import GenerateRequest, InvalidRequestError
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import GenerateRequest, InvalidRequestError
 from tests.plugin_examples import installed_examples, make_bigram_checkpoint
 
 pytestmark = pytest.mark.slow  # starts engines or whole platforms: see ./dev test --fast

@@ -27,7 +27,7 @@ from vllm.v1.sample.logits_processor import (
 )
 
 from serving.engine.logits_processors import ProcessorBatch, cpu_vllm_config
-from serving.engine.types import InvalidRequestError
+from serving.sampling.types import InvalidRequestError
 from tests.plugin_wheels import build_example_wheels
 
 VOCAB = 40
@@ -225,10 +225,10 @@ def test_the_platform_constraint_processor_under_the_adapter_masks_as_the_native
     mask the CPU engine's native path (CohortMasks) gives it."""
     from transformers import AutoTokenizer
 
-    from serving.constraints.spec import parse_constraint
     from serving.constraints.vllm_v1 import ConstraintLogitsProcessor
     from serving.engine.constraints import CohortMasks, ConstraintCompiler
-    from serving.engine.types import SamplingOptions
+    from serving.sampling.constraint_spec import parse_constraint
+    from serving.sampling.types import SamplingOptions
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     vocab = len(tokenizer)

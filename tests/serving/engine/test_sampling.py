@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from serving.engine.sampling import adjust_logits, choose, sampling_scores
-from serving.engine.types import SamplingOptions
+from serving.sampling.types import SamplingOptions
 
 vllm_sampler = pytest.importorskip("vllm.v1.sample.sampler")
 builtin = pytest.importorskip("vllm.v1.sample.logits_processor.builtin")

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from serving.constraints.spec import Choice
-from serving.engine.sampling_params import (
+from serving.sampling.constraint_spec import Choice
+from serving.sampling.params import (
     OPTIONAL_INT_FIELDS,
     TRITON_CONVERTED_FIELDS,
     parse_sampling_parameters,
 )
-from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
+from serving.sampling.types import InvalidRequestError, SamplingOptions, StructuredOutput
 
 
 def test_empty_payload_gives_vllm_defaults() -> None:

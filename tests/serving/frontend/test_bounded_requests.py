@@ -19,12 +19,12 @@ import httpx
 import psutil
 import pytest
 
-from serving.constraints.spec import ConstraintError, parse_constraint
-from serving.engine.sampling_params import parse_sampling_parameters
-from serving.engine.types import InvalidRequestError
 from serving.kserve.errors import TritonError
 from serving.kserve.http_infer import decompress, parse_infer
-from serving.limits import MAX_JSON_DEPTH, json_depth
+from serving.request_limits import MAX_JSON_DEPTH, json_depth
+from serving.sampling.constraint_spec import ConstraintError, parse_constraint
+from serving.sampling.params import parse_sampling_parameters
+from serving.sampling.types import InvalidRequestError
 from tests.serving.conftest import MODEL_NAME
 from tests.serving.frontend_helpers import Engine, Frontend, frontend, kserve_engine
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from serving.constraints.json_schema import json_object_grammar, json_schema_grammar
-from serving.engine.sampling_params import BOTH_LOGIT_BIASES, parse_sampling_parameters
 from serving.frontend.errors import OpenAIError
 from serving.frontend.kserve_client import _classify
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.frontend.translate import build_payload, check_embedding, check_token_ids
+from serving.sampling.params import BOTH_LOGIT_BIASES, parse_sampling_parameters
 
 SCHEMA = {
     "type": "object",

@@ -12,13 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import serialize_byte_tensor
 
-from serving.engine.types import Delta, InvalidRequestError, TokenLogprob
+from serving import model_config
 from serving.kserve import contract
 from serving.kserve.contract import GenerateResponder, Tensor, parse_embed, parse_generate
 from serving.kserve.errors import TritonError
 from serving.kserve.grpc_codec import decode_inputs, encode_outputs
 from serving.kserve.triton_metrics import StatsRecorder, render
 from serving.repository import RepositoryError, read_config
+from serving.sampling.types import Delta, InvalidRequestError, TokenLogprob
 
 
 def _config(tmp_path: Path, text: str, name: str = "m") -> Path:
@@ -38,8 +39,8 @@ def test_config_is_auto_completed_like_the_vllm_backend(tmp_path) -> None:
     assert config.name == "m" and config.max_batch_size == 0
     assert config.model_transaction_policy.decoupled
     assert [i.name for i in config.input].count("text_input") == 1  # declared, not duplicated
-    assert {i.name for i in config.input} == {s.name for s in contract.INPUTS}
-    assert [o.name for o in config.output] == [s.name for s in contract.OUTPUTS]
+    assert {i.name for i in config.input} == {s.name for s in model_config.INPUTS}
+    assert [o.name for o in config.output] == [s.name for s in model_config.OUTPUTS]
     assert config.instance_group[0].name == "m_0"
     assert config.parameters["REPORT_CUSTOM_METRICS"].string_value == "true"
 

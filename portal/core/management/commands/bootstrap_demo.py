@@ -110,7 +110,7 @@ class Command(BaseCommand):
     def _demo_deployment(self, demo: Team, source: Path) -> None:
         """The demo model as version 1 of ``<team>/tiny``, deployed Red-Black: the worker copies
         and packages it, the controller starts it."""
-        from portal.deployments.routing import endpoint_url
+        from portal.deployments.traffic.routing import endpoint_url
 
         deployment = self._deploy_once(
             demo,
@@ -125,7 +125,7 @@ class Command(BaseCommand):
         and I/O spec."""
         from django.conf import settings
 
-        from portal.deployments.routing import kserve_url
+        from portal.deployments.traffic.routing import kserve_url
         from serving.demo_embedding import IO_SPEC, export_weights, model_py
 
         try:
@@ -227,7 +227,7 @@ class Command(BaseCommand):
         plaintext of a new one, or None when the saved one is still active."""
         from django.conf import settings
 
-        from portal.deployments.caller_keys import issue_caller_key
+        from portal.deployments.traffic.caller_keys import issue_caller_key
 
         path = settings.VAR_DIR / "demo-caller-key"
         saved = path.read_text().strip() if path.exists() else ""

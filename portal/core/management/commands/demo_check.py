@@ -55,7 +55,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, team: str, timeout: float, portal_url: str, **options):
         deployment = self._wait_until_serving(team, "tiny", timeout)
-        from portal.deployments.routing import endpoint_url, kserve_url
+        from portal.deployments.traffic.routing import endpoint_url, kserve_url
         from portal.registry.models import Model
         from portal.registry.packaging import triton_model_name
 

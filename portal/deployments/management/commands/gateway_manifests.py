@@ -6,8 +6,8 @@ import yaml
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.deployments.launchers.k8s_objects import gateway_objects
 from portal.deployments.models import Region
+from portal.deployments.runtime.launchers.k8s_objects import gateway_objects
 
 
 class Command(BaseCommand):

@@ -10,9 +10,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from portal.deployments.launchers import region_config
-from portal.deployments.launchers.local import LocalLauncher
 from portal.deployments.models import Region
+from portal.deployments.runtime.launchers import region_config
+from portal.deployments.runtime.launchers.local import LocalLauncher
 
 
 class Command(BaseCommand):

@@ -27,14 +27,14 @@ import json
 import math
 from typing import Any
 
-from serving.constraints.spec import (
+from serving.request_limits import BadBody, check_json_depth
+from serving.sampling.constraint_spec import (
     EXTRA_ARGS_KEY,
     LOGIT_BIAS_KEY,
     ConstraintError,
     parse_constraint,
 )
-from serving.engine.types import InvalidRequestError, SamplingOptions, StructuredOutput
-from serving.limits import BadBody, check_json_depth
+from serving.sampling.types import InvalidRequestError, SamplingOptions, StructuredOutput
 
 # vLLM 0.24.0 ``SamplingParams`` fields whose annotation is in the backend's ``type_mapping``
 # (``int``, ``float``, ``bool``, ``str``, ``Optional[int]``), with the type it converts them to.

@@ -30,7 +30,7 @@ import psutil
 from django.conf import settings
 
 from portal.core.redis_clients import redis_client
-from portal.deployments.launchers.base import (
+from portal.deployments.runtime.launchers.base import (
     LOG_CHUNK_BYTES,
     LOG_CHUNK_LINES,
     LOG_DEFAULT_TAIL,
@@ -43,8 +43,8 @@ from portal.deployments.launchers.base import (
     Route,
     VersionSet,
 )
-from portal.deployments.launchers.gateway_routes import GatewayRoutes
-from portal.deployments.logs import format_line
+from portal.deployments.runtime.launchers.gateway_routes import GatewayRoutes
+from portal.deployments.runtime.logs import format_line
 
 RECORD = "instance.json"
 LOG = "instance.log"

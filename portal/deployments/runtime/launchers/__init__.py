@@ -12,15 +12,15 @@ from pathlib import Path
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from portal.deployments import regional_cache
-from portal.deployments.launchers.base import Launcher, RegionConfig, Shape, VersionSet
 from portal.deployments.models import Deployment, Region
+from portal.deployments.runtime import regional_cache
+from portal.deployments.runtime.launchers.base import Launcher, RegionConfig, Shape, VersionSet
 from portal.registry.models import ModelVersion
 from portal.registry.packaging import triton_model_name, weights_dir
 
 LAUNCHERS = {
-    "local": "portal.deployments.launchers.local.LocalLauncher",
-    "kubernetes": "portal.deployments.launchers.kubernetes.KubernetesLauncher",
+    "local": "portal.deployments.runtime.launchers.local.LocalLauncher",
+    "kubernetes": "portal.deployments.runtime.launchers.kubernetes.KubernetesLauncher",
 }
 
 

@@ -17,10 +17,10 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from portal.deployments.launchers import get_launcher, version_set
-from portal.deployments.launchers.base import Health, ObservedInstance
 from portal.deployments.lifecycle import transition_instance
 from portal.deployments.models import Deployment, Instance, InstanceState
+from portal.deployments.runtime.launchers import get_launcher, version_set
+from portal.deployments.runtime.launchers.base import Health, ObservedInstance
 from portal.registry.models import ModelVersion
 
 S = InstanceState
@@ -71,7 +71,7 @@ class View:
 
     def failure_times(self, version: ModelVersion) -> list[float]:
         """When each instance of ``version`` failed (its last transition), for the restart
-        policy (:mod:`.healing`)."""
+        policy (:mod:`~portal.deployments.state.healing`)."""
         return [r.updated_at.timestamp() for r in self._of(version, (S.FAILED,))]
 
     def versions(self) -> list[ModelVersion]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.constraints.spec import ConstraintSpec
+from serving.sampling.constraint_spec import ConstraintSpec
 
 
 class InvalidRequestError(ValueError):
@@ -38,7 +38,7 @@ class StructuredOutput:
 @dataclass(frozen=True)
 class SamplingOptions:
     """The subset of vLLM's ``SamplingParams`` the CPU engine honours (see
-    :mod:`serving.engine.sampling_params` for the mapping and what is refused)."""
+    :mod:`serving.sampling.params` for the mapping and what is refused)."""
 
     max_tokens: int = 16
     n: int = 1  # completions per prompt (vLLM's parallel sampling; seeds are seed + index)

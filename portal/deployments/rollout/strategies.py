@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from portal.deployments.models import Deployment, Strategy
-from portal.deployments.rollout_state import Traffic
+from portal.deployments.state.rollout_state import Traffic
 from portal.registry.models import ModelVersion
 
 
@@ -41,6 +41,13 @@ class StagedShift:
         sets stage 1, so there is always one)."""
         return deployment.stage_percent or int(self.stages[0])
 
+    # A worked example, N = 3 replicas, stages 25/50/100:
+    #   25%: new ceil(3·25/100) = ceil(0.75) = 1, old 3 - floor(0.75) = 3 - 0 = 3 (4 in all);
+    #   50%: new ceil(1.5) = 2, old 3 - floor(1.5) = 3 - 1 = 2 (4 in all);
+    #  100%: new 3, old 3 - 3 = 0: the old set is drained once the new one takes everything.
+    # Rounding the new set up and the old set's loss down means each side always has at least
+    # its share of the capacity for its share of the traffic; the price is up to one instance
+    # more than N while a stage holds (maxSurge 1, maxUnavailable 0, in Kubernetes' terms).
     def new_instances(self, percent: int) -> int:
         if percent >= 100:
             return self.replicas

@@ -7,8 +7,8 @@ rate of a stage is (failures since) / (requests since), over the new version's i
 
 from __future__ import annotations
 
-from portal.deployments.autoscaling import InstanceLoad
-from portal.deployments.rollout_state import RequestCounts
+from portal.deployments.state.autoscaling import InstanceLoad
+from portal.deployments.state.rollout_state import RequestCounts
 from portal.metrics.scrape import ScrapeError, Snapshot, fetch_snapshot, parse_exposition
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
@@ -36,7 +36,7 @@ def scrape_counts(metrics_url: str) -> RequestCounts | None:
 
 def scrape_load(metrics_url: str) -> InstanceLoad | None:
     """The instance's load now (requests running and waiting, KV-cache usage), or None when its
-    ``/metrics`` cannot be read: the autoscaler's reading (:mod:`.autoscaling`)."""
+    ``/metrics`` cannot be read: the autoscaler's reading (:mod:`~portal.deployments.state.autoscaling`)."""
     try:
         snapshot = fetch_snapshot(metrics_url, timeout=SCRAPE_TIMEOUT_SECONDS)
     except ScrapeError:

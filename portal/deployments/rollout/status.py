@@ -1,5 +1,5 @@
 """One truthful status of a deployment: the headline, the stage, the progress and the traffic bar,
-derived together from its typed state (:mod:`.rollout_state`) and its traffic split.
+derived together from its typed state (:mod:`~portal.deployments.state.rollout_state`) and its traffic split.
 
 The page, the dashboard, the admin and the API all show :func:`describe`'s answer, so they cannot
 contradict each other: the percent a headline names, the stage it counts and the bar it draws
@@ -23,8 +23,8 @@ from portal.deployments.models import (
     ObservedState,
     Strategy,
 )
-from portal.deployments.rollout_state import Phase, Traffic
-from portal.deployments.strategies import StagedShift, plan_for
+from portal.deployments.rollout.strategies import StagedShift, plan_for
+from portal.deployments.state.rollout_state import Phase, Traffic
 from portal.registry.models import VersionState
 
 D = ObservedState

@@ -27,8 +27,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 
 from portal.core.redis_clients import redis_client
-from portal.deployments.launchers import k8s_objects as objects
-from portal.deployments.launchers.base import (
+from portal.deployments.runtime.launchers import k8s_objects as objects
+from portal.deployments.runtime.launchers.base import (
     LOG_CHUNK_BYTES,
     LOG_CHUNK_LINES,
     LOG_DEFAULT_TAIL,
@@ -42,7 +42,7 @@ from portal.deployments.launchers.base import (
     Route,
     VersionSet,
 )
-from portal.deployments.launchers.gateway_routes import GatewayRoutes
+from portal.deployments.runtime.launchers.gateway_routes import GatewayRoutes
 from serving.gateway import table
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.deployments.launchers.base import Route, VersionSet, dns_label
+from portal.deployments.runtime.launchers.base import Route, VersionSet, dns_label
 
 MANAGED_BY = "llm-serving-platform"
 LABEL_DEPLOYMENT = "llm-serving/deployment"

@@ -1,6 +1,6 @@
 """Deployments across regions: create one, roll it to a new version, act on the whole rollout.
 
-What people ask for is recorded here; the wave controller (:mod:`.waves`) carries it out, one
+What people ask for is recorded here; the wave controller (:mod:`~portal.deployments.regions.waves`) carries it out, one
 region at a time, through each region's own Red-Black deployment.
 """
 
@@ -14,7 +14,7 @@ from django.db.models import Prefetch, QuerySet
 
 from portal.core.actors import Actor
 from portal.core.errors import Conflict, InvalidTransition
-from portal.deployments import limits, services
+from portal.deployments import services
 from portal.deployments.kick import schedule_waves
 from portal.deployments.lifecycle import Action
 from portal.deployments.models import (
@@ -30,6 +30,7 @@ from portal.deployments.models import (
     Strategy,
     WaveState,
 )
+from portal.deployments.state import rollout_limits
 from portal.registry.models import Model, ModelVersion
 
 
@@ -68,9 +69,9 @@ def create(
             {"on_region_failure": [f"One of: {', '.join(OnRegionFailure.values)}."]}
         )
     wave_bake_seconds = (
-        limits.WAVE_BAKE_SECONDS.default if wave_bake_seconds is None else wave_bake_seconds
+        rollout_limits.WAVE_BAKE_SECONDS.default if wave_bake_seconds is None else wave_bake_seconds
     )
-    error = limits.WAVE_BAKE_SECONDS.error(wave_bake_seconds)
+    error = rollout_limits.WAVE_BAKE_SECONDS.error(wave_bake_seconds)
     if error:
         raise ValidationError({"wave_bake_seconds": [error]})
     taken = Deployment.objects.filter(
@@ -148,7 +149,7 @@ def roll_out(
         locked.reason = locked.failed_region = ""
         locked.status_message = f"Rolling out v{version.number} region by region."
         locked.save()
-        from portal.deployments.waves import note
+        from portal.deployments.regions.waves import note
 
         note(
             locked,
@@ -169,7 +170,7 @@ def act(
 ) -> MultiRegionDeployment:
     """Record a pause/resume/promote/abort/rollback of the whole rollout; the wave controller
     carries it out in every region concerned."""
-    from portal.deployments.waves import note
+    from portal.deployments.regions.waves import note
 
     with transaction.atomic():
         locked = MultiRegionDeployment.objects.select_for_update().get(pk=group.pk)

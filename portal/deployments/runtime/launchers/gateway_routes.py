@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import redis
 
-from portal.deployments.launchers.base import Route
+from portal.deployments.runtime.launchers.base import Route
 from serving.gateway import table
 
 

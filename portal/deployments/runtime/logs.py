@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import connection
 
-from portal.deployments.launchers.base import LOG_CHUNK_LINES, LOG_DEFAULT_TAIL, LogChunk
+from portal.deployments.runtime.launchers.base import LOG_CHUNK_LINES, LOG_DEFAULT_TAIL, LogChunk
 
 #: The lines a failed instance's summary shows.
 FAILURE_LINES = 20
@@ -102,7 +102,7 @@ def instance_log_source(instance: Any) -> InstanceLogSource | None:
     """The source of ``instance``'s log; None for an instance started by another kind of
     launcher than the one configured now (its log cannot be read here)."""
     # Imported here: the launchers import this module's formatter.
-    from portal.deployments.launchers import get_launcher, version_set
+    from portal.deployments.runtime.launchers import get_launcher, version_set
 
     launcher = get_launcher(instance.deployment.region)
     if instance.launcher != launcher.kind:
@@ -117,7 +117,7 @@ def read_instance_log(
 ) -> LogChunk:
     """A bounded chunk of ``instance``'s log, lines formatted. An instance whose log cannot be
     read here (see :func:`instance_log_source`) has no lines and has ended. Raises
-    :class:`~portal.deployments.launchers.base.LogCursorError` for a bad ``since``."""
+    :class:`~portal.deployments.runtime.launchers.base.LogCursorError` for a bad ``since``."""
     source = instance_log_source(instance)
     if source is None:
         return LogChunk([], since or "", ended=True)

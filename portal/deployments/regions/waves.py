@@ -1,7 +1,7 @@
 """The wave controller: roll a multi-region deployment to a new version region by region.
 
 Each region's part is an ordinary Red-Black :class:`~.models.Deployment` that the rollout
-controller (:mod:`.controller`) takes through its own stages and bakes, and rolls back by itself
+controller (:mod:`~portal.deployments.rollout.controller`) takes through its own stages and bakes, and rolls back by itself
 when its new instances fail. This controller only decides *when* each region starts and what
 a failure in one region does to the others, by writing the regional deployments' desired state
 (their target version, pause, promote, abort, rollback) exactly as a person would. Like the

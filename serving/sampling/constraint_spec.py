@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from serving.limits import BadBody, check_json_depth
+from serving.request_limits import BadBody, check_json_depth
 
 MAX_CHOICES = 2_000_000
 MAX_CHOICE_BYTES = 4096
@@ -35,7 +35,7 @@ MAX_PARTS = 16
 EXTRA_ARGS_KEY = "constraint"
 # The other ``extra_args`` key the platform's vLLM plugin reads: vLLM's ``logit_bias`` (token id
 # -> bias), which cannot travel in ``SamplingParams.logit_bias`` through Triton's vLLM backend
-# (see ``docs/compatibility.md``). Parsed by ``serving.engine.sampling_params.parse_logit_bias``.
+# (see ``docs/compatibility.md``). Parsed by ``serving.sampling.params.parse_logit_bias``.
 LOGIT_BIAS_KEY = "logit_bias"
 
 

@@ -48,15 +48,6 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from portal.core.redis_clients import redis_client
-from portal.deployments.launchers import get_launcher, version_set
-from portal.deployments.launchers.base import (
-    Health,
-    ObservedInstance,
-    Route,
-    Shape,
-    TrafficShare,
-    VersionSet,
-)
 from portal.deployments.models import (
     LIVE_STATES,
     Deployment,
@@ -65,6 +56,15 @@ from portal.deployments.models import (
     Region,
     Strategy,
     default_region,
+)
+from portal.deployments.runtime.launchers import get_launcher, version_set
+from portal.deployments.runtime.launchers.base import (
+    Health,
+    ObservedInstance,
+    Route,
+    Shape,
+    TrafficShare,
+    VersionSet,
 )
 from portal.registry.models import ModelVersion
 

@@ -62,7 +62,7 @@ MAX_STAGES = 10
 STAGE_PERCENT = IntBounds(min=1, max=100, default=100)
 DEFAULT_STAGES = (10, 50, 100)
 
-#: Autoscaling (:mod:`portal.deployments.autoscaling`): the replica bounds reuse ``REPLICAS``'s;
+#: Autoscaling (:mod:`portal.deployments.state.autoscaling`): the replica bounds reuse ``REPLICAS``'s;
 #: ``min_replicas == max_replicas`` is a fixed count, today's default.
 MIN_REPLICAS = REPLICAS
 MAX_REPLICAS = REPLICAS

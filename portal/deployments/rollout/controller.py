@@ -1,7 +1,7 @@
 """The rollout controller: compare what a deployment wants with what runs, take one safe step.
 
 :func:`reconcile` is the whole controller. It holds no state between calls: it observes the
-deployment's instances through its launcher (:mod:`.instances`), decides from the deployment's
+deployment's instances through its launcher (:mod:`~portal.deployments.runtime.instances`), decides from the deployment's
 states, stage and ``step`` notes what the next safe step is, takes it, records why in the
 timeline, and returns how soon it wants to look again. A worker killed anywhere in between
 leaves a deployment that the next call picks up from the same facts.
@@ -20,7 +20,7 @@ Red-Black, per stage ``p`` of ``stages`` (``N`` replicas, new version ``T``, ser
 Any failure, or an abort or rollback request, rolls back: ``P`` is first restored to ``N``
 ready instances, then gets 100% of the traffic, and only then are ``T``'s instances drained.
 
-``N`` itself is the autoscaler's when the deployment has a scaling policy (:mod:`.autoscaling`):
+``N`` itself is the autoscaler's when the deployment has a scaling policy (:mod:`~portal.deployments.state.autoscaling`):
 each step first reads the serving instances' load and may change ``N``, and every set then
 follows from it, so during a rollout both versions grow or shrink together at the stage's split.
 A serving deployment idle for its ``scale_to_zero_after_seconds`` sleeps (every instance
@@ -44,11 +44,6 @@ from django.utils import timezone
 
 from portal.core.actors import CONTROLLER
 from portal.core.redis_clients import redis_client
-from portal.deployments import autoscaling, instances, regional_cache, routing
-from portal.deployments.autoscaling import InstanceLoad, ScalingPolicy
-from portal.deployments.healing import RestartPolicy
-from portal.deployments.instances import View
-from portal.deployments.launchers import get_launcher, version_set
 from portal.deployments.lifecycle import record_event, transition_deployment
 from portal.deployments.models import (
     Deployment,
@@ -56,10 +51,17 @@ from portal.deployments.models import (
     EventKind,
     ObservedState,
 )
-from portal.deployments.rollout_health import scrape_counts, scrape_load
-from portal.deployments.rollout_state import Phase, RequestCounts, RolloutStep
-from portal.deployments.status import traffic_text
-from portal.deployments.strategies import RolloutPlan, plan_for
+from portal.deployments.rollout.rollout_health import scrape_counts, scrape_load
+from portal.deployments.rollout.status import traffic_text
+from portal.deployments.rollout.strategies import RolloutPlan, plan_for
+from portal.deployments.runtime import instances, regional_cache
+from portal.deployments.runtime.instances import View
+from portal.deployments.runtime.launchers import get_launcher, version_set
+from portal.deployments.state import autoscaling
+from portal.deployments.state.autoscaling import InstanceLoad, ScalingPolicy
+from portal.deployments.state.healing import RestartPolicy
+from portal.deployments.state.rollout_state import Phase, RequestCounts, RolloutStep
+from portal.deployments.traffic import routing
 from portal.registry.models import ModelVersion, VersionState
 
 D = ObservedState
@@ -166,7 +168,7 @@ def _restart_lost(
     deployment: Deployment, view: View, version: ModelVersion, want: int, why: str
 ) -> float | None:
     """Start instances of ``version`` up to ``want`` live ones, as soon as its failures allow
-    (:mod:`.healing`). Returns how soon to look again when it started some or must wait; None
+    (:mod:`~portal.deployments.state.healing`). Returns how soon to look again when it started some or must wait; None
     when nothing is missing."""
     missing = want - len(view.live(version))
     if missing <= 0:

@@ -1,0 +1,1 @@
+"""Deployments across regions: one deployment per region, rolled out in waves."""
