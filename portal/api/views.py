@@ -250,7 +250,11 @@ class PluginWheelViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(
         request={"multipart/form-data": s.PluginWheelUploadIn},
-        responses={201: s.PluginWheelOut, 200: s.PluginWheelOut},
+        responses={
+            201: s.PluginWheelOut,
+            200: s.PluginWheelOut,
+            415: error("The body is not multipart/form-data, or its media type is unreadable."),
+        },
     )
     def create(self, request):
         data = self.valid_input(s.PluginWheelUploadIn)
