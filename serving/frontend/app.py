@@ -13,6 +13,7 @@ import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,24 +43,39 @@ from serving.request_limits import BoundedBody
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def prepare_models(repository: Path, openai: bool) -> dict[str, OpenAIModel]:
+    """The repository's models with what a first request would otherwise wait for loaded
+    (:func:`load_for_requests`). The instance supervisor runs this on a thread while the engine
+    starts (:mod:`serving.instance.supervisor`): seconds that do not depend on the engine."""
+    models = read_catalog(repository)
+    load_for_requests(models, openai)
+    return models
+
+
+def load_for_requests(models: dict[str, OpenAIModel], openai: bool) -> None:
+    """Load the generative models' tokenizers (chat templates, prompt limits) and XGrammar,
+    which turns JSON schemas into grammars (:mod:`serving.constraints.json_schema`); its import
+    takes seconds, which must not stall the first request that sends a schema."""
+    generative = [entry for entry in models.values() if entry.kind == "generate"]
+    if not openai or not generative:
+        return
+    for entry in generative:
+        entry.chat_prompt_ready()
+    importlib.import_module("xgrammar")
+
+
+def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None) -> FastAPI:
+    """The app over ``models`` as :func:`prepare_models` makes them; without them the app reads
+    the repository now and loads the rest in its lifespan, off the event loop."""
     client = KServeClient(
         settings.kserve_grpc, settings.kserve_http, timeout=settings.engine_timeout
     )
-    models: dict[str, OpenAIModel] = read_catalog(settings.model_repository)
+    catalog = read_catalog(settings.model_repository) if models is None else models
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await client.start()
-        # Tokenizers load off the event loop, before the first request needs a chat template.
-        generative = settings.openai and any(e.kind == "generate" for e in models.values())
-        for entry in models.values():
-            if entry.kind == "generate" and settings.openai:
-                await asyncio.to_thread(entry.chat_prompt_ready)
-        if generative:
-            # XGrammar turns JSON schemas into grammars here (serving.constraints.json_schema);
-            # its import takes seconds, which must not stall the loop on the first schema.
-            await asyncio.to_thread(importlib.import_module, "xgrammar")
+        await asyncio.to_thread(load_for_requests, catalog, settings.openai)  # no-op if loaded
         try:
             yield
         finally:
@@ -92,7 +108,7 @@ def create_app(settings: Settings) -> FastAPI:
         return app
 
     def lookup(name: str, kind: str) -> OpenAIModel:
-        entry = models.get(name)
+        entry = catalog.get(name)
         if entry is None:
             raise model_not_found(name)
         if entry.kind != kind:
@@ -110,13 +126,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [card(m) for m in models.values()]}
+        return {"object": "list", "data": [card(m) for m in catalog.values()]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict[str, Any]:
-        if model not in models:
+        if model not in catalog:
             raise model_not_found(model)
-        return card(models[model])
+        return card(catalog[model])
 
     async def run(generation: Generation) -> Response:
         if generation.request.stream:
