@@ -149,31 +149,32 @@ def test_during_a_red_black_rollout_both_versions_scale_together_at_the_stages_s
     run_until(deployment, lambda d: d.step.phase == "bake")
     M.finish_draining()
     step(deployment)
-    assert M.split() == {"v2": (50, 1), "v1": (50, 1)}
-    # Load doubles on both: N goes 2 → 4, and each version gets its half.
+    assert M.split() == {"v2": (50, 1), "v1": (50, 1)}  # the idle v1 had scaled to 1
+    # Load on both: N goes 1 → 4; v2 gets its half, v1 stays whole at the new N.
     in_flight(1, 8)
     in_flight(2, 8)
     step(deployment)
     assert deployment.replicas == 4
-    assert (M.count(2, Health.STARTING), M.count(1, Health.STARTING)) == (1, 1)
+    assert (M.count(2, Health.STARTING), M.count(1, Health.STARTING)) == (1, 3)
     M.set_health(1, Health.READY)
     M.set_health(2, Health.READY)
     in_flight(1, 4)  # the same load over twice the instances
     in_flight(2, 4)
     step(deployment)
-    assert M.split() == {"v2": (50, 2), "v1": (50, 2)}  # the split holds, capacity doubled
+    assert M.split() == {"v2": (50, 2), "v1": (50, 4)}  # the split holds, capacity doubled
     assert deployment.replicas == 4
     assert deployment.step.phase == "bake" and deployment.observed_state == "progressing"
-    # Load falls: N goes back to 2, one instance of each drains.
-    in_flight(1, 2)
-    in_flight(2, 2)
+    # Load falls to 8 in flight, half on each version's share: N goes back to 2, one instance
+    # of v2 and two of v1 drain.
+    in_flight(1, 1)  # four v1 instances
+    in_flight(2, 2)  # two v2 instances
     step(deployment)
-    assert deployment.replicas == 2  # ceil(4 * 2 / 4)
-    in_flight(1, 4)  # the same load on half the instances
+    assert deployment.replicas == 2  # 8 in flight at the target's 4 per instance
+    in_flight(1, 2)  # the same load on half the instances
     in_flight(2, 4)
     step(deployment)
-    assert M.split() == {"v2": (50, 1), "v1": (50, 1)}
-    assert (M.count(2, Health.DRAINING), M.count(1, Health.DRAINING)) == (1, 1)
+    assert M.split() == {"v2": (50, 1), "v1": (50, 2)}
+    assert (M.count(2, Health.DRAINING), M.count(1, Health.DRAINING)) == (1, 2)
 
 
 def test_an_idle_deployment_sleeps_and_a_wake_brings_one_instance_back(versions, cpu_instance_type):

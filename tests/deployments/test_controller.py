@@ -98,7 +98,7 @@ def test_a_first_deploy_starts_every_replica_then_serves(versions, cpu_instance_
     assert deployment.instances.filter(state="ready").count() == 3
 
 
-def test_red_black_scales_new_up_as_old_goes_down_and_never_before_new_is_ready(
+def test_red_black_scales_new_up_beside_the_whole_old_set_and_never_shifts_before_new_is_ready(
     versions, cpu_instance_type
 ):
     model, v1, v2 = versions
@@ -117,42 +117,58 @@ def test_red_black_scales_new_up_as_old_goes_down_and_never_before_new_is_ready(
             break
     assert deployment.observed_state == "serving"
     assert M.split() == {"v2": (100, 2)}
-    # The v1 set shrinks only once v2 took its share: per stage (old ready, new ready)
+    # The v1 set stays whole until the last bake has passed: per stage (old ready, new ready)
     by_stage = {}
     for stage, old, new in observed:
         by_stage.setdefault(stage, set()).add((old, new))
     assert (2, 1) in by_stage[1]  # 25%: one new beside both old
-    assert (1, 1) in by_stage[2]  # 50%: one of each
-    assert (1, 2) in by_stage[3]  # 100%: both new, one old kept until the final bake ends
+    assert (2, 1) in by_stage[2]  # 50%: still one new (ceil(2·50%)), both old
+    assert (2, 2) in by_stage[3]  # 100%: both new, both old kept until the final bake ends
+    assert all(old == 2 for stage, old, _ in observed if stage < 3)
     assert M.count(1, Health.READY, Health.STARTING, Health.DRAINING) == 0
     messages = [e.message for e in deployment.events.all()]
     assert "Stage 1 of 3: traffic v2 25% · v1 75%." in messages
-    assert "Stage 2 of 3: traffic v2 50% · v1 50%; draining 1 v1 instance(s)." in messages
+    assert "Stage 2 of 3: traffic v2 50% · v1 50%." in messages
 
 
-def test_a_crash_rolls_back_to_the_full_old_set_before_removing_the_new(
+def test_a_crash_gives_the_whole_old_set_the_traffic_back_before_removing_the_new(
     versions, cpu_instance_type
 ):
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
     to_first_bake(deployment, v2)
-    M.finish_draining()
     step(deployment)
-    assert M.split() == {"v2": (50, 1), "v1": (50, 1)}
+    assert M.split() == {"v2": (50, 1), "v1": (50, 2)}  # v1 stays whole through the stages
     M.set_health(2, Health.CRASHED, "exit status -9")
     step(deployment)
     assert deployment.observed_state == "rolling_back"
     assert "crashed: exit status -9" in deployment.status_message
     step(deployment)
+    assert M.count(1, Health.STARTING) == 0  # nothing to start: v1 is whole
+    assert M.split() == {"v1": (100, 2)}
+    run_until(deployment, lambda d: d.observed_state == "serving")
+    assert deployment.target_version == v1 and deployment.previous_version is None
+    assert deployment.status_message.startswith("Rolled back to v1 because instance ")
+
+
+def test_a_rollback_first_restores_an_old_set_that_lost_an_instance(
+    versions, cpu_instance_type, settings
+):
+    settings.INSTANCE_RESTART_BACKOFF_SECONDS = 600  # the lost one is not replaced meanwhile
+    model, v1, v2 = versions
+    deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
+    to_first_bake(deployment, v2)
+    crash_one(1)
+    step(deployment)
+    services.act(deployment, Action.ROLLBACK, actor=USER)
+    step(deployment, 2)
+    assert deployment.observed_state == "rolling_back"
     assert M.count(1, Health.STARTING) == 1  # restoring v1 to two
     step(deployment, 3)
     assert M.split()["v1"] == (50, 1)  # unchanged until v1 is whole again
     M.set_health(1, Health.READY)
     step(deployment)
     assert M.split() == {"v1": (100, 2)}
-    run_until(deployment, lambda d: d.observed_state == "serving")
-    assert deployment.target_version == v1 and deployment.previous_version is None
-    assert deployment.status_message.startswith("Rolled back to v1 because instance ")
 
 
 def test_a_retired_instance_is_stopped_only_once_the_gateways_have_the_new_table(
@@ -160,13 +176,11 @@ def test_a_retired_instance_is_stopped_only_once_the_gateways_have_the_new_table
 ):
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=2, stages=[50, 100])
-    services.update_deployment(deployment, actor=USER, version=v2)
-    step(deployment, 2)
-    M.set_health(2, Health.READY)
+    to_first_bake(deployment, v2)
     M.auto_apply = False
-    run_until(deployment, lambda d: d.step.phase == "shift")
+    services.act(deployment, Action.ROLLBACK, actor=USER)
     step(deployment, 3)
-    assert deployment.instances.filter(state="draining").count() == 1
+    assert deployment.instances.filter(state="draining").count() == 1  # v2's
     assert M.stop_calls == []  # the gateways may still send it requests
     M.applied = M.generation
     step(deployment)
@@ -394,14 +408,14 @@ def test_a_lost_instance_of_the_old_version_is_replaced_mid_rollout(
     model, v1, v2 = versions
     deployment = serve_v1(model, v1, cpu_instance_type, replicas=4, stages=[25, 100])
     to_first_bake(deployment, v2)
-    assert M.split() == {"v2": (25, 1), "v1": (75, 3)}
+    assert M.split() == {"v2": (25, 1), "v1": (75, 4)}
     crash_one(1)
     step(deployment)
     assert deployment.observed_state == "progressing"  # the old set's loss is no rollback
-    assert M.count(1, Health.STARTING) == 1  # v1 keeps its three for its 75%
+    assert M.count(1, Health.STARTING) == 1  # v1 stays whole: four
     M.set_health(1, Health.READY)
     step(deployment)
-    assert M.split() == {"v2": (25, 1), "v1": (75, 3)}
+    assert M.split() == {"v2": (25, 1), "v1": (75, 4)}
 
 
 def test_beat_restarts_a_chain_that_redis_lost(versions, cpu_instance_type, monkeypatch):

@@ -73,9 +73,9 @@ def test_a_staged_shift_moves_instances_and_traffic_per_stage():
     )
     at = [(plan.new_instances(p), plan.old_instances(p), plan.traffic(p)) for p in plan.stages]
     assert at == [
-        (1, 3, {2: 25, 1: 75}),
-        (2, 2, {2: 50, 1: 50}),
-        (4, 0, {2: 100}),
+        (1, 4, {2: 25, 1: 75}),
+        (2, 4, {2: 50, 1: 50}),
+        (4, 4, {2: 100}),  # the old set stays whole until the last bake has passed
     ]
     assert plan.stage_count == 3 and plan.bakes
     assert plan.percent(SimpleNamespace(stage_percent=None)) == 25  # type: ignore[arg-type]

@@ -117,11 +117,13 @@ def test_red_black_rollout_shifts_traffic_in_stages_and_rolls_back_on_request(ro
     assert shares[2] > 0.95, shares
     assert load.mix(0, bounds[0] - 1)["v2"] == 0  # nothing reached v2 before stage 1
     settled(world, deployment, 2)
-    # New +k as old -k: with 2 replicas, stage 50% runs one of each.
+    # The old set stays whole through the stages: v1 drained only after the last bake.
     messages = timeline(deployment)
-    assert any(
-        "Stage 2 of 3: traffic v2 50% · v1 50%; draining 1 v1 instance(s)" in m for m in messages
-    )
+    assert any("Stage 2 of 3: traffic v2 50% · v1 50%." in m for m in messages)
+    drained = [m for m in messages if "v1-" in m and "ready → draining" in m]
+    baked = [m for m in messages if m.startswith("Stage 3 of 3 baked")]
+    assert len(drained) == 2 and baked
+    assert messages.index(baked[0]) < messages.index(drained[0]), messages
 
     # An operator rollback: v1 is restored at full size before any v2 instance goes.
     with Load(world.endpoint(model), SERVED_NAME, clients=3, key=world.caller_key) as load:
@@ -197,6 +199,34 @@ def test_a_killed_old_instance_is_replaced_mid_rollout_and_the_rollout_goes_on(c
         services.act(deployment, Action.PROMOTE, actor=USER)
         serving(deployment, 2)
     assert load.failures() == []
+    settled(world, deployment, 1)
+
+
+def test_a_rollback_in_the_last_bake_starts_nothing_and_fails_no_request(chat):
+    """One replica, stages 50/100: v1's only instance is still there while v2 takes 100% and
+    bakes, so the rollback just gives it the traffic back."""
+    world, model, v1, v2, deployment = chat
+    [old] = [i for i in live_instances(deployment) if i.version_id == v1.pk]
+    # Long enough for the test to see stage 2's bake begin and lengthen it before it passes.
+    services.update_deployment(deployment, actor=USER, bake_seconds=15)
+    with Load(world.endpoint(model), SERVED_NAME, key=world.caller_key) as load:
+        services.update_deployment(deployment, actor=USER, version=v2)
+        wait_for(
+            lambda: in_bake(deployment, 2), 180, "the last bake", explain=lambda: why(deployment)
+        )
+        services.update_deployment(deployment, actor=USER, bake_seconds=600)
+        assert in_bake(deployment, 2), why(deployment)  # the bake did not pass meanwhile
+        assert state(deployment).traffic == {2: 100}
+        assert [i.pk for i in live_instances(deployment) if i.version_id == v1.pk] == [old.pk]
+        services.act(deployment, Action.ROLLBACK, actor=USER, reason="bad answers")
+        serving(deployment, 1)
+        started = time.time()
+        wait_for(lambda: load.mix(since=started)["v1"] > 0, 30, "v1 answering")
+    assert load.failures() == []
+    messages = timeline(deployment)
+    asked = messages.index(next(m for m in messages if m.startswith("Rollback requested")))
+    assert not [m for m in messages[asked:] if m.startswith("Starting")], messages[asked:]
+    assert [i.pk for i in live_instances(deployment)] == [old.pk]  # the same, never restarted
     settled(world, deployment, 1)
 
 

@@ -221,8 +221,9 @@ def test_paused_then_promoted(world):
     assert agree(deployment, client).headline == "Serving v2"
 
 
-def test_a_rollback_in_progress_and_done(world):
+def test_a_rollback_in_progress_and_done(world, settings):
     _, _, v2, client, _ = world
+    settings.INSTANCE_RESTART_BACKOFF_SECONDS = 600
     deployment = serve_v1(world, replicas=2, stages=[50, 100])
     services.update_deployment(deployment, actor=USER, version=v2, bake_seconds=3600)
     step(deployment, 2)
@@ -230,6 +231,10 @@ def test_a_rollback_in_progress_and_done(world):
     run_until(deployment, lambda d: d.step.phase == "bake")
     M.finish_draining()
     step(deployment)
+    # v1 stays whole through the stages; one of its instances is lost, so the rollback must
+    # restore it before v1 takes the traffic back.
+    lost = next(name for name, entry in M.table.items() if entry[1] == 1)
+    M.table[lost][2:] = [Health.CRASHED, "exit status -9"]
     services.act(deployment, Action.ROLLBACK, actor=USER, reason="bad answers")
     assert agree(deployment, client).headline.endswith(" · rollback requested")
     step(deployment, 2)

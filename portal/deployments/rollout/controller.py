@@ -10,15 +10,15 @@ Red-Black, per stage ``p`` of ``stages`` (``N`` replicas, new version ``T``, ser
 
 1. *scale*: start ``T`` instances up to ``ceil(N·p/100)``; wait until all pass health checks
    (within ``health_deadline_seconds``).
-2. *shift*: in one routing-table write, send ``p``% to ``T`` and ``100-p``% to ``P``, and take
-   ``P``'s instances beyond ``N - floor(N·p/100)`` out of it; once every gateway has the table,
-   those drain. ``P`` is never shrunk before ``T`` is ready to take its share.
+2. *shift*: in one routing-table write, send ``p``% to ``T`` and ``100-p``% to ``P``.
 3. *bake*: for ``bake_seconds`` the new instances must stay healthy and their error rate (from
-   their own metrics) within ``max_error_rate``; then the next stage. After the last stage's
-   bake, ``P`` is retired.
+   their own metrics) within ``max_error_rate``; then the next stage. ``P`` keeps all ``N``
+   instances through every stage, the last one's bake included; only once that bake has
+   passed is ``P`` retired.
 
 Any failure, or an abort or rollback request, rolls back: ``P`` is first restored to ``N``
-ready instances, then gets 100% of the traffic, and only then are ``T``'s instances drained.
+ready instances (it has them, unless some were lost), then gets 100% of the traffic, and only
+then are ``T``'s instances drained.
 
 ``N`` itself is the autoscaler's when the deployment has a scaling policy (:mod:`~portal.deployments.state.autoscaling`):
 each step first reads the serving instances' load and may change ``N``, and every set then
@@ -204,8 +204,9 @@ _HEALING_STATUS = ("Crash loop: ", "Restarting: ")
 
 
 def _keep_fallback_share(deployment: Deployment, plan: RolloutPlan, view: View) -> None:
-    """During a rollout, the previous version keeps the instances its current share needs: an
-    instance of it that dies is replaced (one of the new version's dying rolls back instead)."""
+    """During a rollout, the previous version stays whole: an instance of it that dies is
+    replaced (one of the new version's dying rolls back instead), so a rollback never waits
+    for a start."""
     if plan.fallback is None:
         return
     shifted = deployment.traffic.get(deployment.target_version.number, 0)
@@ -214,7 +215,7 @@ def _keep_fallback_share(deployment: Deployment, plan: RolloutPlan, view: View) 
         view,
         plan.fallback,
         plan.old_instances(shifted),
-        f"v{plan.fallback.number} keeps its {100 - shifted}% share whole",
+        f"v{plan.fallback.number} stays whole until the last bake has passed",
     )
 
 
@@ -292,7 +293,7 @@ def _autoscale(deployment: Deployment, view: View) -> None:
 def _hold_stage_shares(deployment: Deployment, plan: RolloutPlan, view: View) -> None:
     """During a rollout, after ``N`` changed: the new version's set follows its share of the
     split already made (the *scale* phase grows it towards the next stage itself), and the
-    previous version's shrinks to its share (:func:`_keep_fallback_share` grows it)."""
+    previous version's to the new ``N`` (:func:`_keep_fallback_share` grows it)."""
     target = deployment.target_version
     shifted = deployment.traffic.get(target.number, 0)
     if deployment.step.phase in (Phase.SHIFT, Phase.BAKE) and shifted:
@@ -535,29 +536,17 @@ def _scale(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
             f"{_stage_words(plan, stage)}{ready} of {want} v{target.number} instance(s) passed "
             "their health check.",
         )
-    # Every new instance is ready: shift traffic, and only now shrink the old set.
-    retiring: list[str] = []
-    if plan.fallback is not None and percent < 100:
-        keep = plan.old_instances(percent)
-        retiring = instances.retire_extra(
-            view, plan.fallback, keep, f"stage {stage}: v{plan.fallback.number} keeps {keep}"
-        )
+    # Every new instance is ready: shift traffic (the old set stays whole, see strategies.py).
     traffic = plan.traffic(percent)
     # The split is stored before it is published: a table rebuilt from the database (beat's
     # backstop, or a lost record) must carry it too.
     _update(deployment, traffic=traffic, step=deployment.step.but(phase=Phase.SHIFT))
     generation = routing.publish(deployment, view.rows)
     _update(deployment, step=deployment.step.but(generation=generation))
-    draining = (
-        f"; draining {len(retiring)} v{plan.fallback.number} instance(s)"
-        if plan.fallback is not None and retiring
-        else ""
-    )
     _note(
         deployment,
-        f"{_stage_words(plan, stage)}traffic {traffic_text(traffic, target.number)}{draining}.",
+        f"{_stage_words(plan, stage)}traffic {traffic_text(traffic, target.number)}.",
         traffic=traffic,
-        retiring=retiring,
     )
     return 0.0
 

@@ -1,8 +1,8 @@
 """The two shapes a rollout takes, so the controller asks a plan instead of checking strategies.
 
 *Staged shift* is Red-Black replacing a version that serves: per stage, the new version gets
-``ceil(N·p/100)`` instances and ``p``% of the traffic, the old one keeps ``N - floor(N·p/100)``
-and the rest; each stage bakes; a failure restores the old version. *All at once* is everything
+``ceil(N·p/100)`` instances and ``p``% of the traffic, the old one keeps all ``N`` and the rest
+of the traffic; each stage bakes; a failure gives the old version its traffic back at once. *All at once* is everything
 with nothing to replace, a Versioned deployment (one version on its own endpoint) or the first
 version of a Red-Black one: ``N`` instances, 100% as soon as they are ready, no bake, and a
 failure takes the new instances down since nothing else could serve.
@@ -42,19 +42,21 @@ class StagedShift:
         return deployment.stage_percent or int(self.stages[0])
 
     # A worked example, N = 3 replicas, stages 25/50/100:
-    #   25%: new ceil(3·25/100) = ceil(0.75) = 1, old 3 - floor(0.75) = 3 - 0 = 3 (4 in all);
-    #   50%: new ceil(1.5) = 2, old 3 - floor(1.5) = 3 - 1 = 2 (4 in all);
-    #  100%: new 3, old 3 - 3 = 0: the old set is drained once the new one takes everything.
-    # Rounding the new set up and the old set's loss down means each side always has at least
-    # its share of the capacity for its share of the traffic; the price is up to one instance
-    # more than N while a stage holds (maxSurge 1, maxUnavailable 0, in Kubernetes' terms).
+    #   25%: new ceil(3·25/100) = ceil(0.75) = 1, old 3 (4 in all);
+    #   50%: new ceil(1.5) = 2, old 3 (5 in all);
+    #  100%: new 3, old 3 (6 in all) until the last bake has passed; then the old set drains.
+    # Rounding the new set up gives it at least its share of the capacity for its share of the
+    # traffic. The old set stays whole so that a rollback, decided at any stage (the last
+    # bake's included), only moves traffic back: no instance has to start first. The price is
+    # up to N instances more than N while the rollout runs (maxSurge 100% in Kubernetes'
+    # terms), paid for the length of the rollout only.
     def new_instances(self, percent: int) -> int:
         if percent >= 100:
             return self.replicas
         return max(1, math.ceil(self.replicas * percent / 100))
 
     def old_instances(self, percent: int) -> int:
-        return self.replicas - math.floor(self.replicas * percent / 100)
+        return self.replicas
 
     def traffic(self, percent: int) -> Traffic:
         split = {self.target.number: percent}
