@@ -11,6 +11,7 @@ import asyncio
 import base64
 import importlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from serving.frontend.catalog import OpenAIModel, read_catalog
 from serving.frontend.errors import (
@@ -34,6 +36,12 @@ from serving.frontend.errors import (
 from serving.frontend.generation import Generation, complete, completion_prompts, open_stream
 from serving.frontend.kserve_client import KServeClient
 from serving.frontend.metrics import add_metrics
+from serving.frontend.observations import (
+    MAX_READ,
+    ObservationLog,
+    record_generation,
+    record_refusal,
+)
 from serving.frontend.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.frontend.settings import Settings
 from serving.frontend.tools import template_tool_calls, template_tools
@@ -71,6 +79,7 @@ def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None)
         settings.kserve_grpc, settings.kserve_http, timeout=settings.engine_timeout
     )
     catalog = read_catalog(settings.model_repository) if models is None else models
+    observations = ObservationLog.from_env()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -135,14 +144,41 @@ def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None)
         return card(catalog[model])
 
     async def run(generation: Generation) -> Response:
-        if generation.request.stream:
-            return StreamingResponse(
-                await open_stream(client, generation), media_type="text/event-stream"
-            )
-        return JSONResponse(await complete(client, generation))
+        observe = observations.wanted()
+        route = "chat" if isinstance(generation.request, ChatCompletionRequest) else "completions"
+        try:
+            if generation.request.stream:
+                if observe:
+                    generation.on_stream_end = lambda g, status, error: record_generation(
+                        observations, g, streamed=True, status=status, error=error
+                    )
+                return StreamingResponse(
+                    await open_stream(client, generation), media_type="text/event-stream"
+                )
+            body = await complete(client, generation)
+        except OpenAIError as exc:
+            if observe:
+                record_refusal(
+                    observations, generation.model, route, generation.started, exc.status, exc.type
+                )
+            raise
+        # The checks of a structured answer run once it has been sent.
+        background = (
+            BackgroundTask(record_generation, observations, generation, streamed=False)
+            if observe
+            else None
+        )
+        return JSONResponse(body, background=background)
+
+    @app.get("/observations")
+    async def read_observations(after: int = 0, limit: int = MAX_READ) -> dict[str, Any]:
+        """The requests this process served, for the rollout's canary analysis
+        (:mod:`serving.frontend.observations`)."""
+        return observations.read(after, limit)
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatCompletionRequest) -> Response:
+        started = time.monotonic()  # the chat template's time counts in the observation
         entry = lookup(request.model, "generate")
         check_supported(request)
         check_token_ids(request, entry.vocab_size)
@@ -159,11 +195,13 @@ def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None)
             [prompt],
             settings.default_max_tokens,
             tool_call_parser=entry.tool_call_parser or settings.tool_call_parser,
+            started=started,
         )
         return await run(generation)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> Response:
+        started = time.monotonic()
         entry = lookup(request.model, "generate")
         check_supported(request)
         check_token_ids(request, entry.vocab_size)
@@ -173,7 +211,9 @@ def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None)
         ):
             for prompt in prompts:
                 entry.check_prompt_length(prompt, "prompt")
-        generation = Generation(request, entry.name, prompts, settings.default_max_tokens)
+        generation = Generation(
+            request, entry.name, prompts, settings.default_max_tokens, started=started
+        )
         return await run(generation)
 
     @app.post("/v1/embeddings")

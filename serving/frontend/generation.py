@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +53,12 @@ class Generation:
     choices: dict[str, _Choice] = field(default_factory=dict)
     prompt_tokens: dict[int, int] = field(default_factory=dict)
     completion_tokens: int = 0
+    #: When the request began and when the engine's first output came (time.monotonic()).
+    started: float = field(default_factory=time.monotonic)
+    first_output_at: float | None = None
+    #: Called once a stream has ended, with the status it ended as (200; 500 for an error
+    #: sent as the stream's last event; 499 when the caller left): the request's observation.
+    on_stream_end: Callable[[Generation, int, str | None], object] | None = None
 
     def __post_init__(self) -> None:
         chat = isinstance(self.request, ChatCompletionRequest)
@@ -90,6 +96,8 @@ class Generation:
             raise engine_unavailable(f"the engine answered an unknown request {output.request_id}")
         if output.finish_reason == "abort":
             raise engine_unavailable("the engine aborted the request (draining or stopped)")
+        if self.first_output_at is None:
+            self.first_output_at = time.monotonic()
         if output.num_input_tokens is not None:
             self.prompt_tokens[choice.prompt_index] = output.num_input_tokens
         self.completion_tokens += output.num_output_tokens
@@ -299,22 +307,31 @@ async def open_stream(client: KServeClient, generation: Generation) -> AsyncIter
 async def _sse(
     generation: Generation, first: EngineOutput, outputs: AsyncGenerator[EngineOutput, None]
 ) -> AsyncIterator[bytes]:
-    async with aclosing(outputs):
-        try:
-            for opening in generation.opening_chunks():
-                yield _event(opening)
-            chunk = generation.chunk(first, generation.record(first))
-            if chunk is not None:
-                yield _event(chunk)
-            async for output in outputs:
-                chunk = generation.chunk(output, generation.record(output))
+    status: int = 499  # unless the stream gets to its end
+    error: str | None = "client_closed"
+    try:
+        async with aclosing(outputs):
+            try:
+                for opening in generation.opening_chunks():
+                    yield _event(opening)
+                chunk = generation.chunk(first, generation.record(first))
                 if chunk is not None:
                     yield _event(chunk)
-            if generation._include_usage():
-                yield _event(generation.usage_chunk())
-        except OpenAIError as exc:
-            yield _event(exc.body())
-    yield b"data: [DONE]\n\n"
+                async for output in outputs:
+                    chunk = generation.chunk(output, generation.record(output))
+                    if chunk is not None:
+                        yield _event(chunk)
+                if generation._include_usage():
+                    yield _event(generation.usage_chunk())
+                ending: tuple[int, str | None] = (200, None)
+            except OpenAIError as exc:
+                ending = (500, exc.type)
+                yield _event(exc.body())
+        yield b"data: [DONE]\n\n"
+        status, error = ending
+    finally:
+        if generation.on_stream_end is not None:
+            generation.on_stream_end(generation, status, error)
 
 
 def _chat_message(choice: _Choice) -> tuple[dict[str, Any], str | None]:

@@ -420,3 +420,37 @@ def test_validate_checks_a_policy_built_in_code():
     policy = small_policy(marginal_score=96)
     with pytest.raises(PolicyError, match="marginal_score"):
         policy.validate()
+
+
+def test_observations_are_read_from_the_front_ends_records():
+    def record(status=200, **fields):
+        base = {
+            "status": status,
+            "latency_s": 1.0,
+            "ttft_s": 0.1,
+            "tpot_s": 0.01,
+            "completion_tokens": 10,
+            "finish_reason": "stop",
+            "empty": False,
+            "structured_valid": None,
+        }
+        return {**base, **fields}
+
+    records = [
+        record(),
+        record(ttft_s=None, tpot_s=None),  # a whole response: no time to first token
+        record(finish_reason="length", structured_valid=False),
+        record(empty=True, structured_valid=True),
+        record(status=503, latency_s=0.0, completion_tokens=None),
+        record(status=400),  # the caller's mistake: in no rate
+        record(status=499),  # the caller left: in no rate
+    ]
+    side = Observations.from_records(records)
+    assert side.samples["latency_s"] == [1.0, 1.0, 1.0, 1.0]
+    assert side.samples["ttft_s"] == [0.1, 0.1, 0.1]
+    assert side.counts == {
+        "error_rate": (1, 5),
+        "empty_rate": (1, 4),
+        "length_stop_rate": (1, 4),
+        "schema_invalid_rate": (1, 2),
+    }

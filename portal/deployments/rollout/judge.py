@@ -527,6 +527,38 @@ class Observations:
     samples: dict[str, Samples] = field(default_factory=dict)
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Observations:
+        """One side's observations from the serving front end's per-request records
+        (``serving.frontend.observations.Observation`` as its ``/observations`` serves them).
+
+        Latency-type samples come from answered requests (status 200) only: a refused request's
+        time says nothing of the model's speed. ``error_rate`` counts server-side failures
+        (5xx) of all requests; a caller's bad request (4xx) or one the caller left (499) is
+        not the version's fault. The other rates are over answered requests;
+        ``schema_invalid_rate`` over those that asked for structured output."""
+        answered = [r for r in records if r.get("status") == 200]
+        samples: dict[str, Samples] = {
+            name: [float(r[name]) for r in answered if r.get(name) is not None]
+            for name in ("ttft_s", "latency_s", "tpot_s", "completion_tokens")
+        }
+        failed = sum(1 for r in records if int(r.get("status", 0)) >= 500)
+        judged = [r for r in records if r.get("status") == 200 or int(r.get("status", 0)) >= 500]
+        structured = [r for r in answered if r.get("structured_valid") is not None]
+        counts = {
+            "error_rate": (failed, len(judged)),
+            "empty_rate": (sum(1 for r in answered if r.get("empty")), len(answered)),
+            "length_stop_rate": (
+                sum(1 for r in answered if r.get("finish_reason") == "length"),
+                len(answered),
+            ),
+            "schema_invalid_rate": (
+                sum(1 for r in structured if r["structured_valid"] is False),
+                len(structured),
+            ),
+        }
+        return cls(samples=samples, counts=counts)
+
 
 @dataclass(frozen=True)
 class Analysis:

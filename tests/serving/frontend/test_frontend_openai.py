@@ -465,3 +465,62 @@ def test_sigterm_lets_a_streaming_request_finish(model_repository: Path, engine:
         reasons = [c.choices[0].finish_reason for c in [first, *rest]]
         assert reasons[-1] == "length"
         assert draining.process.wait(60) == 0
+
+
+# -- observations for the canary analysis (serving.frontend.observations) ---------------------
+
+
+def _observed(front: Frontend, after: int) -> list[dict[str, Any]]:
+    answer = httpx.get(front.url + "/observations", params={"after": after})
+    assert answer.status_code == 200
+    return answer.json()["observations"]
+
+
+def _last_seq(front: Frontend) -> int:
+    return httpx.get(front.url + "/observations", params={"after": 0, "limit": 1}).json()["last"]
+
+
+def test_each_request_is_observed_with_its_times_tokens_and_ending(
+    client: openai.OpenAI, front: Frontend
+) -> None:
+    after = _last_seq(front)
+    client.chat.completions.create(
+        **greedy(messages=[{"role": "user", "content": "Hello"}], max_tokens=4),
+        extra_body={"ignore_eos": True},
+    )
+    stream = client.completions.create(
+        **greedy(prompt="Once upon", max_tokens=6, stream=True), extra_body={"ignore_eos": True}
+    )
+    assert len([chunk for chunk in stream]) >= 6
+    whole, streamed = _observed(front, after)
+    assert (whole["route"], whole["status"], whole["model"]) == ("chat", 200, MODEL_NAME)
+    assert (whole["completion_tokens"], whole["finish_reason"]) == (4, "length")
+    assert whole["ttft_s"] is None and whole["latency_s"] > 0  # nobody saw a first token early
+    assert whole["greedy"] and not whole["structured"] and whole["prompt_tokens"] > 0
+    assert (streamed["route"], streamed["status"], streamed["completion_tokens"]) == (
+        "completions",
+        200,
+        6,
+    )
+    assert 0 < streamed["ttft_s"] <= streamed["latency_s"]
+    assert streamed["tpot_s"] == pytest.approx((streamed["latency_s"] - streamed["ttft_s"]) / 5)
+    assert streamed["seq"] == whole["seq"] + 1
+
+
+def test_a_structured_answer_is_checked_against_its_schema(
+    client: openai.OpenAI, front: Frontend
+) -> None:
+    after = _last_seq(front)
+    schema_format = {"name": "thing", "schema": CHOICE_SCHEMA, "strict": True}
+    client.chat.completions.create(
+        **greedy(messages=[{"role": "user", "content": "A thing"}], max_tokens=200),
+        response_format={"type": "json_schema", "json_schema": schema_format},
+    )
+    # Cut short at 3 tokens, the same request's JSON cannot be whole: invalid, and said so.
+    client.chat.completions.create(
+        **greedy(messages=[{"role": "user", "content": "A thing"}], max_tokens=3),
+        response_format={"type": "json_schema", "json_schema": schema_format},
+    )
+    valid, cut = _observed(front, after)
+    assert valid["structured"] and valid["structured_valid"] is True, valid
+    assert cut["finish_reason"] == "length" and cut["structured_valid"] is False, cut
