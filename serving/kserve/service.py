@@ -397,10 +397,12 @@ class InferenceService:
         return model.ready
 
     def begin_drain(self) -> None:
-        """Refuse new requests (readiness turns false); requests in flight run on."""
+        """Refuse new requests (readiness turns false); requests in flight run on.
+
+        Admission is decided here, where a request enters (:meth:`infer`), not in the engines:
+        a request that entered before the drain began but had not yet reached its engine was
+        refused there as "shutting down" though it counted as in flight."""
         self.draining = True
-        for engine in self.engines():
-            engine.begin_drain()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Until every request has sent its final response, or ``timeout`` seconds."""
@@ -526,6 +528,12 @@ class InferenceService:
         timer.input_ns = input_ns
         self._enter()
         try:
+            if self.draining and not internal:
+                raise TritonError(
+                    Code.UNAVAILABLE,
+                    f"{contract.BACKEND_ERROR_PREFIX}model {model.name} is shutting down; "
+                    "retry elsewhere",
+                )
             try:
                 self.validate(model, tensors, request_id)
                 wanted = self._wanted_outputs(model, requested_outputs, request_id)

@@ -75,8 +75,15 @@ def test_ports_open_only_when_ready_and_sigterm_drains_streams(model_repository,
     for i in range(4):
         inputs = generate_inputs(f"drain {i}", sampling, stream=True)
         client.async_stream_infer(MODEL_NAME, inputs, request_id=f"d{i}")
-    first, error = results.get(timeout=120)
-    assert error is None, error
+    # SIGTERM only once every stream has answered: the four are then surely in flight (on a
+    # busy machine the first answer can come before the server has read the others).
+    tokens = {f"d{i}": 0 for i in range(4)}
+    reasons: dict[str, str] = {}
+    early: list[Any] = []
+    while len({r.get_response().id for r in early}) < 4:
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        early.append(result)
 
     proc.send_signal(signal.SIGTERM)
     # Draining: no longer ready, and new requests are refused as unavailable.
@@ -94,9 +101,10 @@ def test_ports_open_only_when_ready_and_sigterm_drains_streams(model_repository,
     assert late_error is not None and "shutting down" in str(late_error)
 
     # Every request admitted before SIGTERM runs to its end.
-    tokens = {f"d{i}": 0 for i in range(4)}
-    reasons: dict[str, str] = {}
-    tokens[first.get_response().id] += count_of(first, "num_output_tokens")
+    for result in early:
+        tokens[result.get_response().id] += count_of(result, "num_output_tokens")
+        if is_final(result):
+            reasons[result.get_response().id] = text_of(result, "finish_reason")
     while len(reasons) < 4:
         result, error = results.get(timeout=120)
         # Seen once in CI (an empty InferenceServerException mid-drain, not reproduced in
