@@ -159,9 +159,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 def prepare_frontend(repository: Path, openai: bool) -> asyncio.Future[dict[str, Any]]:
     """Import the front end and load what its first requests need (tokenizers, XGrammar) on a
-    thread of its own, beside the engine's start: seconds off every instance start. A daemon
-    thread, so an instance that stops during start-up does not wait for it; whatever it raises
-    is raised where the ``start_frontend`` step awaits it."""
+    thread of its own, beside the engine's start: seconds off every instance start. Whatever it
+    raises is raised where the ``start_frontend`` step awaits it. Not a daemon thread: an
+    instance whose start failed exits only once the thread is done (at most seconds, within the
+    stop deadline), since a process that ends while a thread is still importing torch can abort
+    (seen under load: exit -6 instead of 1)."""
     done: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
 
     def prepare() -> None:
@@ -172,7 +174,7 @@ def prepare_frontend(repository: Path, openai: bool) -> asyncio.Future[dict[str,
         except BaseException as exc:  # handed to the step that awaits it
             done.set_exception(exc)
 
-    threading.Thread(target=prepare, name="prepare-frontend", daemon=True).start()
+    threading.Thread(target=prepare, name="prepare-frontend").start()
     return asyncio.wrap_future(done)
 
 
