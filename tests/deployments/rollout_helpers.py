@@ -19,6 +19,7 @@ import psutil
 from tritonclient.http import InferenceServerClientPlugin
 
 from portal.deployments.models import Deployment, Instance
+from portal.deployments.runtime.launchers.local import process_started
 from tests.conftest import die_with_pytest
 from tests.ports import free_port
 
@@ -104,7 +105,7 @@ def instance_processes(run_root: Path) -> dict[str, psutil.Process]:
         with contextlib.suppress(psutil.Error, KeyError, TypeError):
             process = psutil.Process(record["pid"])
             if (
-                abs(process.create_time() - record["pid_started"]) < 0.01
+                abs(process_started(process) - record["pid_started_since_boot"]) < 0.01
                 and process.status() != psutil.STATUS_ZOMBIE
             ):
                 alive[record["name"]] = process

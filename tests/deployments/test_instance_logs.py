@@ -26,7 +26,12 @@ from portal.deployments.runtime.launchers.base import (
     Shape,
     VersionSet,
 )
-from portal.deployments.runtime.launchers.local import LOG, LocalLauncher, _crash_reason
+from portal.deployments.runtime.launchers.local import (
+    LOG,
+    LocalLauncher,
+    _crash_reason,
+    process_started,
+)
 from portal.deployments.runtime.logs import failure_summary, format_line
 from tests.deployments.fake_kube_api import FakeKubeApi
 
@@ -73,7 +78,7 @@ def run_dir(root: Path, key: str, name: str, *, alive: bool = True) -> Path:
         finished.wait()
         pid = finished.pid
     record = {"name": name, "created_at": time.time(), "pid": pid,
-              "pid_started": psutil.Process().create_time() if alive else 0.0}  # fmt: skip
+              "pid_started_since_boot": process_started(psutil.Process()) if alive else 0.0}  # fmt: skip
     (directory / "instance.json").write_text(json.dumps(record))
     (directory / LOG).write_bytes(b"")
     return directory

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import psutil
 import pytest
 
 from portal.deployments.runtime.launchers.base import Health, Shape, VersionSet
-from portal.deployments.runtime.launchers.local import LocalLauncher
+from portal.deployments.runtime.launchers.local import LocalLauncher, _process, process_started
 from serving.demo import package_weights
 from tests.deployments.rollout_helpers import instance_processes, kill_instance_processes, wait_for
 
@@ -113,9 +115,40 @@ def test_a_record_without_a_process_is_not_mistaken_for_a_live_one(launcher, dem
     reused = {**record, "name": "demo-tiny-v1-d7-reused", "pid": psutil.Process().pid}
     (directory.parent / reused["name"]).mkdir()
     (directory.parent / reused["name"] / "instance.json").write_text(
-        json.dumps({**reused, "pid_started": 0.0})
+        json.dumps({**reused, "pid_started_since_boot": 0.0})
     )
     assert health(launcher, the_set) == {
         "demo-tiny-v1-d7-dead": Health.CRASHED,
         "demo-tiny-v1-d7-reused": Health.CRASHED,
     }
+
+
+def test_a_live_instance_stays_itself_when_the_wall_clock_is_set(
+    launcher, demo_package, monkeypatch
+):
+    """Linux derives the boot time from the wall clock, so setting the clock (NTP on a busy VM)
+    moves every process's ``create_time()`` by whole seconds. A record of a live process must
+    still name it: before, every instance then looked as if it had exited, at the same moment."""
+    the_set = demo_set(demo_package)
+    directory = launcher.run_root / the_set.key / "demo-tiny-v1-d7-live"
+    directory.mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        me = psutil.Process(child.pid)
+        record = {
+            "name": directory.name,
+            "created_at": time.time(),
+            "pid": me.pid,
+            "pid_started_since_boot": process_started(me),
+        }
+        (directory / "instance.json").write_text(json.dumps(record))
+        assert _process(record) is not None
+        stepped = psutil._psplatform.boot_time() + 3.0
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: stepped)
+        assert abs(psutil.Process(me.pid).create_time() - me.create_time()) > 2
+        assert _process(record) is not None
+        earlier = {**record, "pid_started_since_boot": record["pid_started_since_boot"] - 5}
+        assert _process(earlier) is None  # a pid reused by another process
+    finally:
+        child.kill()
+        child.wait()

@@ -11,6 +11,7 @@ import psutil
 from django.core.management import call_command
 
 from portal.deployments.models import Region
+from portal.deployments.runtime.launchers.local import process_started
 
 
 def fake_instance(run_root, name: str) -> subprocess.Popen:
@@ -21,7 +22,7 @@ def fake_instance(run_root, name: str) -> subprocess.Popen:
     record = {
         "name": name,
         "pid": process.pid,
-        "pid_started": psutil.Process(process.pid).create_time(),
+        "pid_started_since_boot": process_started(psutil.Process(process.pid)),
     }
     (directory / "instance.json").write_text(json.dumps(record))
     return process

@@ -109,7 +109,9 @@ class LocalLauncher(Launcher):
                 env=_instance_environment(),
             )
         _update_record(
-            directory, pid=process.pid, pid_started=psutil.Process(process.pid).create_time()
+            directory,
+            pid=process.pid,
+            pid_started_since_boot=process_started(psutil.Process(process.pid)),
         )
         return name
 
@@ -296,6 +298,24 @@ def _instance_environment() -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
+def process_started(process: psutil.Process) -> float:
+    """When ``process`` started, in seconds since boot: what tells it from a later process given
+    the same pid. Not ``create_time()`` as such: that adds the boot time, which Linux derives
+    from the wall clock (``btime``), so it moves by whole seconds whenever the clock is set (NTP
+    stepping a busy VM's clock) and every recorded instance would at once look like another
+    process, "exited without being asked to" while it still served (seen under the CPU hog)."""
+    return process.create_time() - psutil.boot_time()
+
+
+def _same_process(process: psutil.Process, record: dict[str, Any]) -> bool:
+    started = record.get("pid_started_since_boot")
+    if started is not None:
+        return abs(process_started(process) - started) < 0.01
+    # A record written before the start was kept relative to boot: its wall-clock start time,
+    # allowing for the clock having been set since.
+    return abs(process.create_time() - record.get("pid_started", 0.0)) < 2.0
+
+
 def _process(record: dict[str, Any]) -> psutil.Process | None:
     """The recorded process if it is still alive; a reused pid (another start time) is not it."""
     pid = record.get("pid")
@@ -303,7 +323,7 @@ def _process(record: dict[str, Any]) -> psutil.Process | None:
         return None
     try:
         process = psutil.Process(pid)
-        if abs(process.create_time() - record["pid_started"]) > 0.01:
+        if not _same_process(process, record):
             return None
         if process.status() == psutil.STATUS_ZOMBIE:
             with contextlib.suppress(ChildProcessError):
