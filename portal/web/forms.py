@@ -15,6 +15,7 @@ from portal.accounts.models import Role
 from portal.core.errors import ApplicationError
 from portal.deployments import costs
 from portal.deployments.models import InstanceType, Strategy
+from portal.deployments.rollout.judge import CanaryPolicy
 from portal.deployments.scaling_policy import DEFAULT_TARGETS, POLICY_SETTINGS
 from portal.deployments.state import rollout_limits
 from portal.deployments.state.autoscaling import ScaleMetric
@@ -34,10 +35,18 @@ MAX_MODEL_PY_BYTES = 1024 * 1024
 
 def show_service_errors(form: forms.Form, exc: Exception) -> None:
     """Attach a service's refusal to the form: by field where it names one of the form's fields,
-    otherwise at the top of the form."""
+    otherwise at the top of the form. A key that names a part of a field's value
+    (``canary_policy.metrics[0].alpha``) goes on that field, its messages led by the part's
+    path, since one text box holds the whole value and the path is what says where to look."""
     if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
-        for field, messages in exc.message_dict.items():
-            form.add_error(field if field in form.fields else None, messages)
+        for key, messages in exc.message_dict.items():
+            field, _, path = key.partition(".")
+            if key in form.fields:
+                form.add_error(key, messages)
+            elif path and field in form.fields:
+                form.add_error(field, [f"{path}: {message}" for message in messages])
+            else:
+                form.add_error(None, messages)
     elif isinstance(exc, ValidationError):
         form.add_error(None, exc.messages)
     elif isinstance(exc, ApplicationError):
@@ -73,6 +82,33 @@ class JSONField(forms.CharField):
         if isinstance(value, dict | list):
             return json.dumps(value, indent=2) if value else ""
         return value
+
+
+def policy_text(policy: dict[str, Any]) -> str:
+    """A canary policy as JSON with one metric a line: a whole policy has eight metrics of nine
+    fields each, which indented one field a line would make a text box of a hundred lines."""
+    rest = {key: value for key, value in policy.items() if key != "metrics"}
+    if "metrics" not in policy:
+        return json.dumps(rest)
+    lines = ",\n".join(f"  {json.dumps(metric)}" for metric in policy["metrics"])
+    tail = "".join(f", {json.dumps(key)}: {json.dumps(value)}" for key, value in rest.items())
+    return f'{{"metrics": [\n{lines}\n]{tail}}}'
+
+
+class CanaryPolicyField(JSONField):
+    """The canary policy's JSON text box. Empty means the platform default policy, so a policy
+    equal to today's default is shown empty (posted back, it means the same), and the default
+    is the box's placeholder."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        default = policy_text(CanaryPolicy.default().to_dict())
+        widget = forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "placeholder": default})
+        super().__init__(expect=dict, widget=widget, **kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return "" if value == CanaryPolicy.default().to_dict() else policy_text(value)
+        return super().prepare_value(value)
 
 
 class ModelForm(forms.Form):
@@ -269,6 +305,19 @@ class DeployForm(forms.Form):
         required=False,
         label="Roll out Red-Black even though the interface changed",
         help_text="Only if every caller copes with both the old and the new interface.",
+    )
+    canary_analysis = forms.BooleanField(
+        required=False,
+        label="Judge each bake against the old version (canary analysis)",
+        help_text="At the end of each bake below 100%, compare the new version's requests with "
+        "the old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
+        "and schema-invalid answers), then promote, hold for a person, or roll back.",
+    )
+    canary_policy = CanaryPolicyField(
+        label="Canary policy (JSON)",
+        help_text="Empty: the platform default policy, shown greyed in the box. Fields left out "
+        'take the default\'s, e.g. {"metrics": [{"name": "latency_s", "max_change": 0.2}, '
+        '{"name": "error_rate"}], "pass_score": 95}.',
     )
     autoscale = forms.BooleanField(
         required=False,

@@ -33,6 +33,7 @@ from portal.registry.diff import version_diff
 from portal.registry.models import VersionState
 from portal.registry.packaging import triton_model_name
 from portal.web import summaries
+from portal.web.canary import canary_context, chart_windows
 from portal.web.forms import DeployForm, show_service_errors
 from portal.web.playground import playground_context
 from portal.web.scaling import scaling_context
@@ -69,6 +70,8 @@ def deploy(request: HttpRequest, team: str, model: str) -> HttpResponse:
             bake_seconds=serving.bake_seconds,
             health_deadline_seconds=serving.health_deadline_seconds,
             max_error_rate=serving.max_error_rate,
+            canary_analysis=serving.canary_analysis,
+            canary_policy=serving.canary_policy,
             # Its scaling policy, as it is: posted back unchanged, it stays as it is.
             autoscale=serving.min_replicas < serving.max_replicas
             or serving.scale_to_zero_after_seconds is not None,
@@ -222,6 +225,8 @@ def deployment_detail(request: HttpRequest, team: str, pk: int) -> HttpResponse:
             **call_context(deployment),
             **playground_context(deployment),
             **live,
+            # Each judged bake, metric by metric (portal.web.canary).
+            **canary_context(deployment),
             "wave_count": _wave_count(deployment),
             # What it costs as the page loads (the live part refreshes, this line does not),
             # from the running instances the live part already read.
@@ -309,6 +314,8 @@ def deployment_metrics(request: HttpRequest, team: str, pk: int) -> HttpResponse
             "ctx": ctx,
             "scope": "deployment",
             **_charts_context([deployment], reverse("deployment-metrics", args=[deployment.pk])),
+            # Shaded on the charts, so a verdict can be read against the lines it was made on.
+            "analysis_windows": chart_windows(list(deployment.analyses.all())),
         },
     )
 

@@ -6,13 +6,18 @@
  * minutes of samples fill the chart. When the window holds more than one model version (a
  * rollout), each line is drawn per version so the canary can be read against the old one.
  * Deploys, stage changes and rollbacks (the answer's `markers`) are vertical lines, also listed
- * under the charts. Hovering shows each series' value in the legend.
+ * under the charts. A deployment's canary analysis windows (the panel's data-analysis-windows,
+ * as the fragment loaded) are shaded bands labelled with the bake's decision, so a verdict can
+ * be read against the lines it was made on; they are listed under the charts too.
+ * Hovering shows each series' value in the legend.
  */
 (function () {
   "use strict";
   if (window.portalCharts) return;
 
   var KIND_COLOURS = { deploy: "#2b8a3e", stage: "#7048e8", rollback: "#c92a2a" };
+  var DECISION_COLOURS = { promote: "#2b8a3e", hold: "#f08c00", rollback: "#c92a2a" };
+  var DECISION_WORDS = { not_enough_data: "not enough data" };
   var LINE_COLOURS = ["#0b5cad", "#d9480f", "#0ca678", "#ae3ec9", "#f08c00", "#495057"];
   var DASHES = [[], [6, 4], [2, 3]];
   var TOTAL_COLOUR = "#495057"; // a line drawn once from the totals beside per-version ones
@@ -93,6 +98,45 @@
     return { xs: xs, series: series };
   }
 
+  /* The analysis windows the page was given, with their times in seconds; none if unreadable. */
+  function analysisWindows(root) {
+    try {
+      return JSON.parse(root.dataset.analysisWindows || "[]").map(function (w) {
+        return { start: seconds(w.start), end: seconds(w.end), decision: w.decision, label: w.label };
+      });
+    } catch (err) {
+      return [];
+    }
+  }
+
+  /* Shade each analysis window on the chart (clipped to the x axis) and write its decision at
+   * the band's top left; the figure's data-windows lists the decisions drawn. */
+  function drawWindows(u, panel) {
+    var ctx = u.ctx;
+    var left = u.bbox.left, top = u.bbox.top, width = u.bbox.width, height = u.bbox.height;
+    var lo = u.scales.x.min, hi = u.scales.x.max;
+    var drawn = [];
+    if (lo == null) return drawn;
+    ctx.save();
+    ctx.font = 11 * devicePixelRatio + "px system-ui, sans-serif";
+    ctx.textBaseline = "top";
+    ctx.textAlign = "left"; // uPlot leaves the axes' alignment set
+    panel.windows.forEach(function (w) {
+      if (w.end < lo || w.start > hi) return;
+      drawn.push(w.decision);
+      var x0 = Math.max(left, u.valToPos(Math.max(w.start, lo), "x", true));
+      var x1 = Math.min(left + width, u.valToPos(Math.min(w.end, hi), "x", true));
+      var colour = DECISION_COLOURS[w.decision] || "#868e96";
+      ctx.globalAlpha = 0.12;
+      ctx.fillStyle = colour;
+      ctx.fillRect(x0, top, Math.max(1, x1 - x0), height);
+      ctx.globalAlpha = 1;
+      ctx.fillText(DECISION_WORDS[w.decision] || w.decision, x0 + 3 * devicePixelRatio, top + 2 * devicePixelRatio);
+    });
+    ctx.restore();
+    return drawn;
+  }
+
   function markerPlugin(panel) {
     return {
       hooks: {
@@ -117,8 +161,12 @@
               ctx.stroke();
             });
             ctx.restore();
+            var windows = drawWindows(u, panel);
             var figure = u.root.closest("figure");
-            if (figure) figure.dataset.marks = drawn.join(",");
+            if (figure) {
+              figure.dataset.marks = drawn.join(",");
+              figure.dataset.windows = windows.join(",");
+            }
           },
         ],
       },
@@ -135,6 +183,7 @@
     this.plots = {};
     this.shapes = {};
     this.markers = [];
+    this.windows = analysisWindows(root);
     var self = this;
     root.querySelectorAll("[data-range]").forEach(function (button) {
       button.addEventListener("click", function () { self.choose(button.dataset.range); });
@@ -184,7 +233,7 @@
     var hasPoints = answer.points.length > 0;
     if (empty) empty.hidden = hasPoints;
     this.grid.hidden = !hasPoints;
-    this.showMarkers(hasPoints ? this.markers : []);
+    this.showMarkers(hasPoints ? this.markers : [], hasPoints ? this.windows : []);
     if (!hasPoints) return;
     answer.charts.forEach(function (chart) { self.drawChart(answer, chart); });
   };
@@ -310,11 +359,11 @@
     });
   };
 
-  Panel.prototype.showMarkers = function (markers) {
+  Panel.prototype.showMarkers = function (markers, windows) {
     var list = this.root.querySelector("[data-testid=chart-markers]");
     if (!list) return;
     list.textContent = "";
-    list.hidden = markers.length === 0;
+    list.hidden = markers.length === 0 && windows.length === 0;
     markers.forEach(function (m) {
       var li = document.createElement("li");
       li.dataset.kind = m.kind;
@@ -323,6 +372,19 @@
       swatch.style.background = KIND_COLOURS[m.kind] || "#868e96";
       li.appendChild(swatch);
       li.appendChild(document.createTextNode(timeLabel(seconds(m.t)) + " " + m.kind + ": " + m.label));
+      list.appendChild(li);
+    });
+    windows.forEach(function (w) {
+      var li = document.createElement("li");
+      li.dataset.kind = "analysis";
+      var swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = DECISION_COLOURS[w.decision] || "#868e96";
+      swatch.style.opacity = "0.4";
+      li.appendChild(swatch);
+      li.appendChild(document.createTextNode(
+        timeLabel(w.start) + "–" + timeLabel(w.end) + " canary analysis, " + w.label
+      ));
       list.appendChild(li);
     });
   };
