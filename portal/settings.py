@@ -308,6 +308,9 @@ CRASH_LOOP_WINDOW_SECONDS = float(os.environ.get("CRASH_LOOP_WINDOW_SECONDS", "6
 UNHEALTHY_REPLACE_SECONDS = float(os.environ.get("UNHEALTHY_REPLACE_SECONDS", "30"))
 #: The error rate of a bake is judged only once the new version served this many requests.
 ROLLOUT_MIN_REQUESTS = int(os.environ.get("ROLLOUT_MIN_REQUESTS", "10"))
+#: A bake whose canary analysis has too few requests is lengthened by another bake this many
+#: times at most; then the rollout holds for a person (``portal.deployments.rollout.canary``).
+CANARY_MAX_BAKE_EXTENSIONS = int(os.environ.get("CANARY_MAX_BAKE_EXTENSIONS", "3"))
 #: A Versioned deployment that is not its model's newest and had no request for this long is
 #: retired by the cleanup task.
 VERSIONED_IDLE_SECONDS = int(os.environ.get("VERSIONED_IDLE_SECONDS", str(24 * 3600)))

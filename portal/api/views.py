@@ -365,6 +365,8 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             bake_seconds=data.get("bake_seconds"),
             health_deadline_seconds=data.get("health_deadline_seconds"),
             max_error_rate=data.get("max_error_rate"),
+            canary_analysis=data.get("canary_analysis"),
+            canary_policy=data.get("canary_policy"),
             allow_io_change=data["allow_io_change"],
             scaling=s.ScalingPolicyIn.policy_given(data),
             region=region,
@@ -411,6 +413,18 @@ class DeploymentViewSet(ScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
             **{k: data[k] for k in deployment_services.ROLLOUT_SETTINGS if k in data},
         )
         return self.answer(s.DeploymentOut, deployment)
+
+    # All of them, oldest first and unpaginated: a rollout has a few bakes, each judged once
+    # (more when a bake is extended for want of data).
+    @extend_schema(responses=s.StageAnalysisOut(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def analysis(self, request, pk=None):
+        """The canary analysis of each bake: both versions' metrics side by side with their
+        verdicts, the score, the decision (promote, hold, rollback, not_enough_data) and what
+        the rollout did. A pipeline waits on a rollout by polling this and the deployment's
+        ``observed_state``."""
+        deployment = self.get_object()
+        return Response(s.StageAnalysisOut(deployment.analyses.all(), many=True).data)
 
     @extend_schema(parameters=[s.MetricsQuery], responses=s.MetricsOut)
     @action(detail=True, methods=["get"])

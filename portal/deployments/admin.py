@@ -19,6 +19,7 @@ from portal.deployments.models import (
     MultiRegionDeployment,
     Region,
     RegionalCopy,
+    StageAnalysis,
 )
 from portal.deployments.regions import multi_region
 from portal.deployments.rollout.status import describe, traffic_text
@@ -57,6 +58,39 @@ class InstanceTypeAdmin(admin.ModelAdmin):
     ]  # fmt: skip
     list_filter = ["is_active", "accelerator"]
     search_fields = ["name", "description"]
+
+
+class StageAnalysisInline(admin.TabularInline):
+    """Each bake's canary analysis, read-only: the verdict per metric in a line each."""
+
+    model = StageAnalysis
+    fields = readonly_fields = (
+        "created_at",
+        "stage",
+        "percent",
+        "canary_version",
+        "baseline_version",
+        "decision",
+        "score",
+        "action",
+        "metrics",
+    )
+    extra = 0
+    can_delete = False
+
+    @admin.display(description="metrics (canary vs baseline)")
+    def metrics(self, analysis: StageAnalysis) -> str:
+        return format_html_join(
+            "",
+            "<div>{} <b>{}</b>: {}</div>",
+            ((v["name"], v["verdict"], v["reason"]) for v in analysis.verdicts),
+        )
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 class EventInline(admin.TabularInline):
@@ -230,7 +264,7 @@ class DeploymentAdmin(RolloutActionsAdmin):
         "previous_version", "desired_state",
         "promote_requested", "observed_state", "status", "traffic_split", "status_message",
         "stages", "bake_seconds", "health_deadline_seconds", "max_error_rate",
-        "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
+        "canary_analysis", "canary_policy", "allow_io_change", "last_reconciled_at", "created_by", "created_at", "updated_at",
         # The scaling policy (changed only through the services, as the rest) and what the
         # autoscaler did, in words instead of its stored JSON.
         "replicas", "min_replicas", "max_replicas", "scale_metric", "scale_target",
@@ -238,7 +272,7 @@ class DeploymentAdmin(RolloutActionsAdmin):
         "scaling_summary",
     ]  # fmt: skip
     exclude = ["scaling"]
-    inlines = [InstanceInline, EventInline]
+    inlines = [InstanceInline, StageAnalysisInline, EventInline]
     act = staticmethod(act)
 
     def get_queryset(self, request):

@@ -434,6 +434,13 @@ class Deployment(models.Model):
     max_error_rate = models.FloatField(default=rollout_limits.MAX_ERROR_RATE.default)
     #: Roll out Red-Black even though the new version's I/O spec differs from the serving one.
     allow_io_change = models.BooleanField(default=False)
+    #: Judge each bake below 100% by comparing the new version with the old over the same
+    #: minutes (:mod:`portal.deployments.rollout.canary`), with ``canary_policy``: the whole
+    #: policy as :class:`~portal.deployments.rollout.judge.CanaryPolicy` writes it, resolved
+    #: from what was given when it was set, so a later change of the platform default does not
+    #: change how a deployment is judged.
+    canary_analysis = models.BooleanField(default=False)
+    canary_policy = models.JSONField(default=dict, blank=True)
     desired_state = models.CharField(
         max_length=16, choices=DesiredState.choices, default=DesiredState.ACTIVE
     )
@@ -583,6 +590,42 @@ class DeploymentEvent(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label}: {self.message}"
+
+
+class StageAnalysis(AppendOnlyModel):
+    """One canary analysis of a bake: the new version's requests against the old version's over
+    the same window, metric by metric, and what the rollout did about it. A bake extended for
+    want of data has one row per look."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="analyses")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    stage = models.PositiveSmallIntegerField()
+    #: The stage's traffic share on the new version while it baked.
+    percent = models.PositiveSmallIntegerField()
+    baseline_version = models.PositiveIntegerField()
+    canary_version = models.PositiveIntegerField()
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    #: promote, hold, rollback or not_enough_data (the judge's), and what the rollout did.
+    decision = models.CharField(max_length=16)
+    action = models.CharField(max_length=200)
+    score = models.FloatField(null=True, blank=True)
+    reason = models.TextField()
+    #: Every metric's verdict with the numbers behind it (``MetricVerdict.to_dict``).
+    verdicts = models.JSONField(default=list)
+    #: Requests observed per side, and instances read and not read.
+    sample = models.JSONField(default=dict)
+    policy = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        verbose_name_plural = "stage analyses"
+
+    def __str__(self) -> str:
+        return (
+            f"stage {self.stage} v{self.canary_version} vs v{self.baseline_version}: "
+            f"{self.decision}"
+        )
 
 
 class OnRegionFailure(models.TextChoices):

@@ -33,6 +33,7 @@ from portal.deployments.models import (
     WaveState,
     default_region,
 )
+from portal.deployments.rollout.judge import CanaryPolicy, PolicyError
 from portal.deployments.runtime import regional_cache
 from portal.deployments.runtime.launchers import get_launcher
 from portal.deployments.state import rollout_limits
@@ -44,7 +45,14 @@ from portal.registry.models import Model, ModelVersion, VersionState
 #: Who starts a region's rollout of a multi-region deployment.
 WAVES = Actor(label="controller:waves")
 #: What an update may change about how the next stages roll out.
-ROLLOUT_SETTINGS = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
+ROLLOUT_SETTINGS = (
+    "stages",
+    "bake_seconds",
+    "health_deadline_seconds",
+    "max_error_rate",
+    "canary_analysis",
+    "canary_policy",
+)
 
 
 def _check_version(model: Model, version: ModelVersion) -> None:
@@ -58,6 +66,51 @@ def _check_version(model: Model, version: ModelVersion) -> None:
                 ]
             }
         )
+
+
+def _bounded(rollout: dict[str, object]) -> dict[str, object]:
+    """The rollout settings :func:`rollout_limits.check_settings` checks (the canary ones are
+    checked by the judge's policy parser)."""
+    return {k: v for k, v in rollout.items() if not k.startswith("canary_")}
+
+
+def _resolved_canary_policy(given: object) -> dict[str, object] | None:
+    """The whole policy a given ``canary_policy`` means (fields left out take the platform
+    default's; None for none given), or a refusal by field: ``canary_policy.metrics[1].alpha``."""
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise ValidationError({"canary_policy": ["Must be an object."]})
+    try:
+        return CanaryPolicy.from_dict(given).to_dict()
+    except PolicyError as exc:
+        raise ValidationError({f"canary_policy.{exc.field}": [exc.message]}) from exc
+
+
+def _check_canary(strategy: str, stages: list[int], canary_analysis: bool) -> None:
+    """Canary analysis compares two versions serving side by side: only a Red-Black rollout with
+    a stage below 100% has that."""
+    if not canary_analysis:
+        return
+    if strategy != Strategy.RED_BLACK:
+        raise ValidationError(
+            {"canary_analysis": ["Only a Red-Black rollout has two versions to compare."]}
+        )
+    if not any(int(p) < 100 for p in stages):
+        raise ValidationError(
+            {
+                "canary_analysis": [
+                    "Needs a stage below 100% (e.g. stages 10, 50, 100): at 100% the old version "
+                    "takes no requests to compare the new one with."
+                ]
+            }
+        )
+
+
+def _change_words(name: str, before: object, after: object) -> str:
+    if name == "canary_policy":
+        return "canary_policy changed"
+    return f"{name} {before} → {after}"
 
 
 def check_instance_type(instance_type: InstanceType, version: ModelVersion) -> None:
@@ -98,6 +151,8 @@ def deploy(
     bake_seconds: int | None = None,
     health_deadline_seconds: int | None = None,
     max_error_rate: float | None = None,
+    canary_analysis: bool | None = None,
+    canary_policy: dict[str, object] | None = None,
     allow_io_change: bool = False,
     scaling: dict[str, object] | None = None,
     region: Region | None = None,
@@ -125,13 +180,15 @@ def deploy(
       :mod:`portal.deployments.state.rollout_limits` for settings not given; a version already served
       Versioned by a live deployment is a conflict (409).
     """
-    settings_given = {
+    settings_given: dict[str, object] = {
         "stages": stages,
         "bake_seconds": bake_seconds,
         "health_deadline_seconds": health_deadline_seconds,
         "max_error_rate": max_error_rate,
+        "canary_analysis": canary_analysis,
+        "canary_policy": canary_policy,
     }
-    rollout_limits.check_settings(replicas=replicas, **settings_given)
+    rollout_limits.check_settings(replicas=replicas, **_bounded(settings_given))
     region = region or default_region()
     live = live_red_black(model, region) if strategy == Strategy.RED_BLACK else None
     if live is None:
@@ -147,6 +204,8 @@ def deploy(
             bake_seconds=bake_seconds,
             health_deadline_seconds=health_deadline_seconds,
             max_error_rate=max_error_rate,
+            canary_analysis=canary_analysis,
+            canary_policy=canary_policy,
             allow_io_change=allow_io_change,
             scaling=scaling,
         )
@@ -199,6 +258,8 @@ def create_deployment(
     bake_seconds: int | None = None,
     health_deadline_seconds: int | None = None,
     max_error_rate: float | None = None,
+    canary_analysis: bool | None = None,
+    canary_policy: dict[str, object] | None = None,
     allow_io_change: bool = False,
     scaling: dict[str, object] | None = None,
     region: Region | None = None,
@@ -244,6 +305,8 @@ def create_deployment(
         health_deadline_seconds=health_deadline_seconds,
         max_error_rate=max_error_rate,
     )
+    judged_by = _resolved_canary_policy(canary_policy) or CanaryPolicy.default().to_dict()
+    _check_canary(strategy, stages, bool(canary_analysis))
     deployment = Deployment(
         model=model,
         strategy=strategy,
@@ -255,6 +318,8 @@ def create_deployment(
         bake_seconds=bake_seconds,
         health_deadline_seconds=health_deadline_seconds,
         max_error_rate=max_error_rate,
+        canary_analysis=bool(canary_analysis),
+        canary_policy=judged_by,
         allow_io_change=allow_io_change,
         region=region,
         multi_region=multi_region,
@@ -326,19 +391,26 @@ def update_deployment(
         raise TypeError(f"unknown rollout settings: {sorted(unknown)}")
     if version is not None and version.pk != deployment.target_version_id:
         _refuse_regional(deployment, "change its version")
-    rollout_limits.check_settings(replicas=replicas, **rollout)
+    if rollout.get("canary_policy") is not None:
+        rollout["canary_policy"] = _resolved_canary_policy(rollout["canary_policy"])
+    rollout_limits.check_settings(replicas=replicas, **_bounded(rollout))
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if locked.observed_state not in LIVE_STATES:
             raise Conflict(f"Deployment is {locked.observed_state} and can no longer change.")
         changed = {k: v for k, v in rollout.items() if getattr(locked, k) != v}
+        _check_canary(
+            locked.strategy,
+            changed.get("stages", locked.stages),  # type: ignore[arg-type]
+            bool(changed.get("canary_analysis", locked.canary_analysis)),
+        )
         if changed:
             record_event(
                 locked,
                 actor=actor,
                 kind=EventKind.UPDATED,
                 message="Rollout settings: "
-                + ", ".join(f"{k} {getattr(locked, k)} → {v}" for k, v in changed.items())
+                + ", ".join(_change_words(k, getattr(locked, k), v) for k, v in changed.items())
                 + ".",
                 data={k: [getattr(locked, k), v] for k, v in changed.items()},
             )

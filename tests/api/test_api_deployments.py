@@ -13,6 +13,7 @@ from portal.deployments.models import (
     InstanceType,
     ObservedState,
 )
+from portal.deployments.rollout.judge import CanaryPolicy
 from portal.registry.lifecycle import transition_version
 from portal.registry.models import VersionState
 from tests.api.helpers import api_error, nothing_created, ok
@@ -122,6 +123,8 @@ def test_create_list_retrieve(acting, model, v1, cpu_instance_type):
         "bake_seconds": 30,
         "health_deadline_seconds": 600,
         "max_error_rate": 0.05,
+        "canary_analysis": False,
+        "canary_policy": CanaryPolicy.default().to_dict(),
         "allow_io_change": False,
         "desired_state": "active",
         "promote_requested": False,

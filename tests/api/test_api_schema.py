@@ -39,6 +39,7 @@ EXPECTED_PATHS = {
     "/api/v1/deployments/{id}/": {"get", "patch"},
     "/api/v1/deployments/advice/": {"get"},
     "/api/v1/deployments/{id}/metrics/": {"get"},
+    "/api/v1/deployments/{id}/analysis/": {"get"},
     **{
         f"/api/v1/deployments/{{id}}/{action}/": {"post"}
         for action in ("pause", "resume", "abort", "promote", "rollback")

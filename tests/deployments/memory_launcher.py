@@ -53,12 +53,16 @@ class MemoryLauncher(Launcher):
     #: :meth:`load_of` answers from ``loads`` (version number → each instance's load).
     with_metrics: ClassVar[bool] = False
     loads: ClassVar[dict[int, InstanceLoad]] = {}
+    #: Version number → the URL its instances list as their ``openai`` endpoint: where the
+    #: canary analysis reads their observations (see ``tests/deployments/observations_server``).
+    openai_urls: ClassVar[dict[int, str]] = {}
 
     @classmethod
     def reset(cls) -> None:
         cls.table, cls.routes, cls.stop_calls, cls.by_set, cls.requests = {}, [], [], {}, {}
         cls.routes_in, cls.requests_in = {}, {}
         cls.logs, cls.loads, cls.with_metrics = {}, {}, False
+        cls.openai_urls = {}
         cls.generation = cls.applied = cls.started = 0
         cls.auto_apply = True
 
@@ -94,12 +98,19 @@ class MemoryLauncher(Launcher):
             ObservedInstance(
                 name,
                 self.table[name][2],
-                {"metrics": f"memory://{name}"} if self.with_metrics else {},
+                self._endpoints(name),
                 self.table[name][3],
             )
             for name in self.by_set.get(version_set.key, [])
             if name in self.table
         ]
+
+    def _endpoints(self, name: str) -> dict[str, str]:
+        endpoints = {"metrics": f"memory://{name}"} if self.with_metrics else {}
+        url = self.openai_urls.get(self.table[name][1])
+        if url is not None:
+            endpoints["openai"] = url
+        return endpoints
 
     def forget(self, version_set: VersionSet, names: list[str]) -> None:
         for name in names:

@@ -23,6 +23,7 @@ from portal.api.serializers.deployments import (
     ScalingDecisionOut,
     ScalingOut,
     ScalingPolicyIn,
+    StageAnalysisOut,
     scaling_out,
 )
 from portal.api.serializers.errors import ErrorDetailOut, ErrorOut
@@ -107,6 +108,7 @@ __all__ = [
     "ScalingDecisionOut",
     "ScalingOut",
     "ScalingPolicyIn",
+    "StageAnalysisOut",
     "StrictInput",
     "TeamOut",
     "VersionCreateIn",

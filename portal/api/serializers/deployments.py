@@ -19,6 +19,7 @@ from portal.deployments.models import (
     InstanceType,
     MultiRegionDeployment,
     Region,
+    StageAnalysis,
     Strategy,
 )
 from portal.deployments.rollout.status import DeploymentStatus, describe
@@ -247,8 +248,8 @@ class DeploymentOut(serializers.ModelSerializer):
             "target_version_id", "previous_version", "replicas", "min_replicas", "max_replicas",
             "scale_metric", "scale_target", "scale_up_window_seconds", "scale_down_window_seconds",
             "scale_to_zero_after_seconds", "scaling", "instance_type", "stages", "bake_seconds",
-            "health_deadline_seconds", "max_error_rate", "allow_io_change",
-            "desired_state", "promote_requested", "observed_state", "current_stage",
+            "health_deadline_seconds", "max_error_rate", "canary_analysis", "canary_policy",
+            "allow_io_change", "desired_state", "promote_requested", "observed_state", "current_stage",
             "stage_percent", "traffic", "status", "status_message", "endpoint", "call", "instances",
             "estimated_cost_per_hour", "last_reconciled_at", "created_at", "updated_at",
         ]  # fmt: skip
@@ -288,6 +289,28 @@ class DeploymentOut(serializers.ModelSerializer):
         """Instances that run or are stopping (finished ones: see ``/instances/``)."""
         running = [i for i in deployment.instances.all() if i.state not in ("stopped", "failed")]
         return list(InstanceBriefOut(running, many=True).data)
+
+
+class StageAnalysisOut(serializers.ModelSerializer):
+    """One canary analysis of a bake (see ``GET .../deployments/{id}/analysis/``)."""
+
+    verdicts = serializers.JSONField(
+        help_text="Per metric: its verdict (pass, marginal, fail, nodata), the numbers behind it "
+        "for both versions (medians, p99s, rates, counts), the effect, the p-value and why."
+    )
+    sample = serializers.JSONField(
+        help_text="Requests read per version, from which instances, and whether an instance's "
+        "record no longer reached back to the window's start (``truncated``)."
+    )
+    policy = serializers.JSONField(help_text="The policy the bake was judged by.")
+
+    class Meta:
+        model = StageAnalysis
+        fields = [
+            "id", "created_at", "stage", "percent", "baseline_version", "canary_version",
+            "window_start", "window_end", "decision", "action", "score", "reason", "verdicts",
+            "sample", "policy",
+        ]  # fmt: skip
 
 
 class EventOut(serializers.ModelSerializer):
@@ -413,6 +436,20 @@ class DeploymentCreateIn(ScalingPolicyIn):
         help_text="Share of failed requests on the new version during a bake that rolls back. "
         f"Default {rollout_limits.MAX_ERROR_RATE.default} for a new deployment.{_KEEPS}",
     )
+    canary_analysis = serializers.BooleanField(
+        required=False,
+        help_text="Judge each bake below 100% by comparing the new version's requests with the "
+        "old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
+        f"and schema-invalid answers), and promote, hold or roll back on the verdict. Default "
+        f"false for a new deployment.{_KEEPS}",
+    )
+    canary_policy = serializers.JSONField(
+        required=False,
+        help_text='How bakes are judged: ``{"metrics": [{"name": "latency_s", '
+        '"max_change": 0.2}, ...], "pass_score": 95, "marginal_score": 75}``. Fields '
+        "left out take the platform default's; ``{}`` is the default policy. Errors name the "
+        f"field, e.g. ``canary_policy.metrics[0].alpha``.{_KEEPS}",
+    )
     allow_io_change = serializers.BooleanField(default=False)
 
 
@@ -423,6 +460,20 @@ class DeploymentUpdateIn(ScalingPolicyIn):
     bake_seconds = _setting_field("bake_seconds")
     health_deadline_seconds = _setting_field("health_deadline_seconds")
     max_error_rate = _setting_field("max_error_rate")
+    canary_analysis = serializers.BooleanField(
+        required=False,
+        help_text="Judge each bake below 100% by comparing the new version's requests with the "
+        "old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
+        "and schema-invalid answers), and promote, hold or roll back on the verdict. Default "
+        "false for a new deployment.",
+    )
+    canary_policy = serializers.JSONField(
+        required=False,
+        help_text='How bakes are judged: ``{"metrics": [{"name": "latency_s", '
+        '"max_change": 0.2}, ...], "pass_score": 95, "marginal_score": 75}``. Fields '
+        "left out take the platform default's; ``{}`` is the default policy. Errors name the "
+        "field, e.g. ``canary_policy.metrics[0].alpha``.",
+    )
     allow_io_change = serializers.BooleanField(
         required=False,
         help_text="Roll out Red-Black although the new version's interface differs.",

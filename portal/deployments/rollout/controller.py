@@ -51,6 +51,8 @@ from portal.deployments.models import (
     EventKind,
     ObservedState,
 )
+from portal.deployments.rollout import canary
+from portal.deployments.rollout.judge import CanaryPolicy
 from portal.deployments.rollout.rollout_health import scrape_counts, scrape_load
 from portal.deployments.rollout.status import traffic_text
 from portal.deployments.rollout.strategies import RolloutPlan, plan_for
@@ -560,6 +562,7 @@ def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
         step=deployment.step.but(
             phase=Phase.BAKE,
             bake_started_at=time.time(),
+            extensions=0,
             baseline=baseline,
             unread=tuple(
                 row.name
@@ -576,15 +579,74 @@ def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     return _interval()
 
 
+def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: float) -> float | str:
+    """The canary analysis at the end of a bake (:mod:`.canary`). Returns how soon to look
+    again when the rollout does not go on (it rolls back, holds, or bakes longer for want of
+    data), else the words the "baked" note ends with."""
+    assert plan.fallback is not None
+    target, fallback, stage = deployment.target_version, plan.fallback, deployment.current_stage
+    step = deployment.step
+    policy = CanaryPolicy.from_dict(deployment.canary_policy or {})
+    judgement = canary.judge_bake(
+        policy, view.ready(fallback), view.ready(target), step.bake_started_at, ends
+    )
+    analysis = judgement.analysis
+    words = f"canary analysis of stage {stage}: {analysis.reason}"
+    data = {"canary": analysis.decision, "score": analysis.score}
+    if analysis.decision == "promote":
+        canary.keep(deployment, judgement, fallback, "the rollout went on")
+        return f"; {words}"
+    if analysis.decision == "rollback":
+        canary.keep(deployment, judgement, fallback, f"rolled back to v{fallback.number}")
+        return _begin_rollback(deployment, plan, words)
+    if analysis.decision == "not_enough_data":
+        if step.extensions < settings.CANARY_MAX_BAKE_EXTENSIONS:
+            action = f"bake extended by {deployment.bake_seconds} s"
+            canary.keep(deployment, judgement, fallback, action)
+            _update(deployment, step=step.but(extensions=step.extensions + 1))
+            _note(
+                deployment,
+                f"{_stage_words(plan, stage)}{action} "
+                f"({step.extensions + 1} of {settings.CANARY_MAX_BAKE_EXTENSIONS}): {words}.",
+                **data,
+            )
+            return _interval()
+        words += f", after {step.extensions} extension(s) of the bake"
+    canary.keep(deployment, judgement, fallback, "held for a person")
+    transition_deployment(
+        deployment,
+        D.PAUSED,
+        reason=f"Held at stage {stage} of {plan.stage_count}: {words}. Traffic stays "
+        f"{traffic_text(deployment.traffic, target.number)}; resume to bake again, promote, or "
+        "roll back.",
+        data=data,
+        desired_state=DesiredState.PAUSED,
+    )
+    return _interval()
+
+
 def _bake(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     if plan.bakes and not deployment.step.promoted:
-        ends = deployment.step.bake_started_at + deployment.bake_seconds
+        step = deployment.step
+        ends = step.bake_started_at + deployment.bake_seconds * (1 + step.extensions)
         if ends > time.time():
             return min(_interval(), ends - time.time())
+        verdict = ""
+        if deployment.canary_analysis and plan.fallback is not None:
+            if canary.judged_stage(deployment.stage_percent):
+                judged = _judge_bake(deployment, plan, view, ends)
+                if isinstance(judged, float):
+                    return judged
+                verdict = judged
+            else:
+                verdict = (
+                    f"; no canary analysis at {deployment.stage_percent}%: "
+                    f"v{plan.fallback.number} takes no requests to compare with"
+                )
         _note(
             deployment,
             f"Stage {deployment.current_stage} of {plan.stage_count} baked: healthy, error rate "
-            "in bounds.",
+            f"in bounds{verdict}.",
             bake_ended_at=ends,
         )
     if deployment.current_stage < plan.stage_count:

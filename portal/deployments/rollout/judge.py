@@ -19,7 +19,9 @@ percentage point for a two-point error-rate rise) and sets ``min_samples`` so th
 standard error is small enough (see ``bench/canary_judge.py`` for the measured rates).
 
 Plain Python with numpy and scipy, and no Django, so the judge can be tested and benchmarked on
-its own and called from the controller, a management command or a notebook alike.
+its own and called from the controller, a management command or a notebook alike. scipy.stats
+is imported where a test runs: it takes a second and a half to import,
+and the pages and the API import this module only to check a policy.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
 
 Kind = Literal["latency", "rate"]
 Direction = Literal["increase", "decrease", "either"]
@@ -391,6 +392,8 @@ def _mann_whitney_p(baseline: np.ndarray, canary: np.ndarray, direction: Directi
     variance is then zero and scipy answers NaN), since no difference is no evidence."""
     if np.all(baseline == baseline[0]) and np.all(canary == baseline[0]):
         return 1.0
+    from scipy import stats  # here, not at the top: see the module docstring
+
     result = stats.mannwhitneyu(canary, baseline, alternative=_alternative(direction))
     p = float(result.pvalue)
     return 1.0 if math.isnan(p) else p
@@ -494,6 +497,8 @@ def judge_rate(
         [canary_events, canary_total - canary_events],
         [baseline_events, baseline_total - baseline_events],
     ]
+    from scipy import stats  # here, not at the top: see the module docstring
+
     p = float(stats.fisher_exact(table, alternative=_alternative(policy.direction)).pvalue)
     base_rate = baseline_events / baseline_total
     can_rate = canary_events / canary_total

@@ -83,6 +83,9 @@ class RolloutStep:
     reason: str = ""
     #: A person promoted the rollout: no stage bakes any more, the last one ends at once.
     promoted: bool = False
+    #: How many times the canary analysis found too few requests and lengthened the bake by
+    #: another ``bake_seconds`` (up to ``CANARY_MAX_BAKE_EXTENSIONS``, then it holds).
+    extensions: int = 0
 
     def but(self, **changes: Any) -> RolloutStep:
         """A copy with ``changes`` (the dataclass is frozen: a step is written whole)."""
@@ -125,6 +128,7 @@ class RolloutStep:
             unread=tuple(str(name) for name in data.get("unread", ())),
             reason=str(data.get("reason", "")),
             promoted=bool(data.get("promoted", False)),
+            extensions=int(data.get("extensions", 0)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -145,4 +149,6 @@ class RolloutStep:
             data["reason"] = self.reason
         if self.promoted:
             data["promoted"] = True
+        if self.extensions:
+            data["extensions"] = self.extensions
         return data
