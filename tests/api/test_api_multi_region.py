@@ -221,3 +221,25 @@ def test_a_deployment_goes_to_the_region_named(client, versions, regions):
     # None named: the default region.
     answer = ok(client.post(DEPLOYMENTS, deploy, format="json"), 201)
     assert Region.objects.get(name=answer["region"]).is_default
+
+
+def test_each_region_judges_its_own_bakes_with_the_policy_given(client, versions, regions):
+    with nothing_created():
+        response = client.post(
+            GROUPS,
+            body(versions, stages=[50, 100], canary_policy={"pass_score": "high"}),
+            format="json",
+        )
+    assert list(api_error(response, 400, "invalid")["fields"]) == ["canary_policy.pass_score"]
+    answer = create(
+        client,
+        versions,
+        stages=[50, 100],
+        canary_analysis=True,
+        canary_policy={"metrics": [{"name": "error_rate"}]},
+    )
+    regional = Deployment.objects.filter(multi_region_id=answer["id"])
+    assert regional.count() == 2
+    for deployment in regional:
+        assert deployment.canary_analysis is True
+        assert [m["name"] for m in deployment.canary_policy["metrics"]] == ["error_rate"]

@@ -402,6 +402,26 @@ class ScalingPolicyIn(StrictInput):
         return {name: data[name] for name in POLICY_SETTINGS if name in data}
 
 
+def canary_analysis_field(keeps: str = "") -> serializers.BooleanField:
+    return serializers.BooleanField(
+        required=False,
+        help_text="Judge each bake below 100% by comparing the new version's requests with the "
+        "old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
+        "and schema-invalid answers), and promote, hold or roll back on the verdict. Default "
+        f"false for a new deployment.{keeps}",
+    )
+
+
+def canary_policy_field(keeps: str = "") -> serializers.JSONField:
+    return serializers.JSONField(
+        required=False,
+        help_text='How bakes are judged: ``{"metrics": [{"name": "latency_s", "max_change": '
+        '0.2}, ...], "pass_score": 95, "marginal_score": 75}``. Fields left out take the '
+        "platform default's; ``{}`` is the default policy. Errors name the field, e.g. "
+        f"``canary_policy.metrics[0].alpha``.{keeps}",
+    )
+
+
 class DeploymentCreateIn(ScalingPolicyIn):
     """Deploy a version. Red-Black onto a model whose Red-Black deployment is live rolls that
     deployment onto the version (answered 200, not 201): see ``deploy`` in the services."""
@@ -436,20 +456,8 @@ class DeploymentCreateIn(ScalingPolicyIn):
         help_text="Share of failed requests on the new version during a bake that rolls back. "
         f"Default {rollout_limits.MAX_ERROR_RATE.default} for a new deployment.{_KEEPS}",
     )
-    canary_analysis = serializers.BooleanField(
-        required=False,
-        help_text="Judge each bake below 100% by comparing the new version's requests with the "
-        "old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
-        f"and schema-invalid answers), and promote, hold or roll back on the verdict. Default "
-        f"false for a new deployment.{_KEEPS}",
-    )
-    canary_policy = serializers.JSONField(
-        required=False,
-        help_text='How bakes are judged: ``{"metrics": [{"name": "latency_s", '
-        '"max_change": 0.2}, ...], "pass_score": 95, "marginal_score": 75}``. Fields '
-        "left out take the platform default's; ``{}`` is the default policy. Errors name the "
-        f"field, e.g. ``canary_policy.metrics[0].alpha``.{_KEEPS}",
-    )
+    canary_analysis = canary_analysis_field(_KEEPS)
+    canary_policy = canary_policy_field(_KEEPS)
     allow_io_change = serializers.BooleanField(default=False)
 
 
@@ -460,20 +468,8 @@ class DeploymentUpdateIn(ScalingPolicyIn):
     bake_seconds = _setting_field("bake_seconds")
     health_deadline_seconds = _setting_field("health_deadline_seconds")
     max_error_rate = _setting_field("max_error_rate")
-    canary_analysis = serializers.BooleanField(
-        required=False,
-        help_text="Judge each bake below 100% by comparing the new version's requests with the "
-        "old version's over the same minutes (latency, tokens, errors, empty, length-stopped "
-        "and schema-invalid answers), and promote, hold or roll back on the verdict. Default "
-        "false for a new deployment.",
-    )
-    canary_policy = serializers.JSONField(
-        required=False,
-        help_text='How bakes are judged: ``{"metrics": [{"name": "latency_s", '
-        '"max_change": 0.2}, ...], "pass_score": 95, "marginal_score": 75}``. Fields '
-        "left out take the platform default's; ``{}`` is the default policy. Errors name the "
-        "field, e.g. ``canary_policy.metrics[0].alpha``.",
-    )
+    canary_analysis = canary_analysis_field()
+    canary_policy = canary_policy_field()
     allow_io_change = serializers.BooleanField(
         required=False,
         help_text="Roll out Red-Black although the new version's interface differs.",

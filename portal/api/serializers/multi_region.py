@@ -13,6 +13,8 @@ from portal.api.serializers.deployments import (
     _instant,
     _setting_field,
     _stages_field,
+    canary_analysis_field,
+    canary_policy_field,
     deployment_status,
 )
 from portal.deployments.models import (
@@ -179,9 +181,18 @@ class MultiRegionCreateIn(StrictInput):
     bake_seconds = _setting_field("bake_seconds")
     health_deadline_seconds = _setting_field("health_deadline_seconds")
     max_error_rate = _setting_field("max_error_rate")
+    canary_analysis = canary_analysis_field(" Each region judges its own bakes.")
+    canary_policy = canary_policy_field()
 
     #: The regional deployments' own rollout settings, passed on when given.
-    ROLLOUT = ("stages", "bake_seconds", "health_deadline_seconds", "max_error_rate")
+    ROLLOUT = (
+        "stages",
+        "bake_seconds",
+        "health_deadline_seconds",
+        "max_error_rate",
+        "canary_analysis",
+        "canary_policy",
+    )
 
 
 class MultiRegionUpdateIn(StrictInput):

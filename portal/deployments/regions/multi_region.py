@@ -58,7 +58,8 @@ def create(
     """Deploy ``version`` Red-Black in every region of ``regions``, one wave per region in the
     order given: the first region starts now, each next one once the previous serves the
     version and baked ``wave_bake_seconds``. ``rollout``: each region's ``stages``,
-    ``bake_seconds``, ``health_deadline_seconds``, ``max_error_rate``, ``scaling``."""
+    ``bake_seconds``, ``health_deadline_seconds``, ``max_error_rate``, ``canary_analysis``,
+    ``canary_policy``, ``scaling``."""
     names = [part.region.name for part in regions]
     if not regions:
         raise ValidationError({"regions": ["Name at least one region."]})
