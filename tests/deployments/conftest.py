@@ -18,6 +18,7 @@ from portal.registry.models import ModelVersion, VersionState
 from portal.registry.services import create_model, register_version
 from serving.demo_model import make_demo_model
 from tests.conftest import start_celery_worker, stop_process_group
+from tests.deployments.memory_launcher import MemoryLauncher
 from tests.deployments.rollout_helpers import (
     kill_instance_processes,
     start_gateway,
@@ -25,6 +26,16 @@ from tests.deployments.rollout_helpers import (
 )
 
 USER = Actor(label="user:test")
+
+
+@pytest.fixture
+def memory_launcher(settings, clean_redis):
+    """The controller on :class:`MemoryLauncher`, a launcher the test moves by hand (a module
+    uses it with ``pytestmark = pytest.mark.usefixtures("memory_launcher")``)."""
+    settings.INSTANCE_LAUNCHER = "tests.deployments.memory_launcher.MemoryLauncher"
+    MemoryLauncher.reset()
+    yield
+    MemoryLauncher.reset()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,8 @@ from tests.deployments.observations_server import ObservationsServer
 from tests.deployments.test_controller import USER, ready_version, run_until, serve_v1, step
 from tests.factories import make_model
 
+pytestmark = pytest.mark.usefixtures("memory_launcher")
+
 #: A small policy so that a test needs hundreds of requests, not thousands: latency judged
 #: (critical), errors judged; the rest reported only.
 POLICY = {
@@ -31,14 +33,6 @@ POLICY = {
     ]
 }
 BAKE = 60
-
-
-@pytest.fixture(autouse=True)
-def memory_launcher(settings, clean_redis):
-    settings.INSTANCE_LAUNCHER = "tests.deployments.memory_launcher.MemoryLauncher"
-    M.reset()
-    yield
-    M.reset()
 
 
 @pytest.fixture
@@ -202,40 +196,33 @@ def test_a_hold_between_the_scores_pauses_the_rollout(versions, cpu_instance_typ
     assert (analysis.decision, analysis.score) == ("hold", 50.0)
 
 
-def test_the_analysis_is_refused_where_there_is_nothing_to_compare(versions, cpu_instance_type):
+@pytest.mark.parametrize(
+    ("options", "field", "words"),
+    [
+        ({"strategy": "versioned"}, "canary_analysis", "Only a Red-Black rollout"),
+        ({"stages": [100]}, "canary_analysis", "below 100%"),
+        (
+            {"canary_policy": {"metrics": [{"name": "latency_s", "alpha": 2}]}},
+            "canary_policy.metrics[0].alpha",
+            "",
+        ),
+    ],
+)
+def test_the_analysis_is_refused_where_there_is_nothing_to_compare_or_its_policy_is_bad(
+    versions, cpu_instance_type, options, field, words
+):
     model, v1, _ = versions
     with pytest.raises(ValidationError) as refused:
         services.create_deployment(
             model=model,
-            strategy="versioned",
             version=v1,
             instance_type=cpu_instance_type,
             actor=USER,
             canary_analysis=True,
+            **{"strategy": "red_black", **options},
         )
-    assert "canary_analysis" in refused.value.message_dict
-    with pytest.raises(ValidationError) as refused:
-        services.create_deployment(
-            model=model,
-            strategy="red_black",
-            version=v1,
-            instance_type=cpu_instance_type,
-            actor=USER,
-            stages=[100],
-            canary_analysis=True,
-        )
-    assert "below 100%" in refused.value.message_dict["canary_analysis"][0]
-    with pytest.raises(ValidationError) as refused:
-        services.create_deployment(
-            model=model,
-            strategy="red_black",
-            version=v1,
-            instance_type=cpu_instance_type,
-            actor=USER,
-            canary_analysis=True,
-            canary_policy={"metrics": [{"name": "latency_s", "alpha": 2}]},
-        )
-    assert list(refused.value.message_dict) == ["canary_policy.metrics[0].alpha"]
+    assert list(refused.value.message_dict) == [field]
+    assert words in refused.value.message_dict[field][0]
     assert not Deployment.objects.exists()
 
 

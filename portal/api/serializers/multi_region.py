@@ -24,6 +24,7 @@ from portal.deployments.models import (
     OnRegionFailure,
 )
 from portal.deployments.rollout.status import DeploymentStatus
+from portal.deployments.services import ROLLOUT_SETTINGS
 from portal.deployments.state import rollout_limits
 
 
@@ -185,14 +186,7 @@ class MultiRegionCreateIn(StrictInput):
     canary_policy = canary_policy_field()
 
     #: The regional deployments' own rollout settings, passed on when given.
-    ROLLOUT = (
-        "stages",
-        "bake_seconds",
-        "health_deadline_seconds",
-        "max_error_rate",
-        "canary_analysis",
-        "canary_policy",
-    )
+    ROLLOUT = ROLLOUT_SETTINGS
 
 
 class MultiRegionUpdateIn(StrictInput):
