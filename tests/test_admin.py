@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 
 import pytest
 from django.contrib import admin
@@ -18,7 +19,7 @@ from portal.accounts.tokens import TokenError, authenticate_token, issue_token
 from portal.cache.models import Materialization
 from portal.core.actors import Actor
 from portal.core.models import IdempotencyRecord
-from portal.deployments.admin import DeploymentAdmin, EventInline
+from portal.deployments.admin import DeploymentAdmin, EventInline, StageAnalysisInline
 from portal.deployments.lifecycle import transition_deployment
 from portal.deployments.models import (
     Deployment,
@@ -29,6 +30,7 @@ from portal.deployments.models import (
     MultiRegionDeployment,
     ObservedState,
     Region,
+    StageAnalysis,
 )
 from portal.deployments.services import update_deployment
 from portal.deployments.traffic.caller_keys import issue_caller_key
@@ -452,6 +454,32 @@ def test_deployment_change_page_is_read_only(client, rolling_out):
     rolling_out.refresh_from_db()
     assert (rolling_out.replicas, rolling_out.stages) == (1, [10, 50, 100])
     assert rolling_out.events.count() == events
+
+
+def test_the_deployment_page_shows_each_bakes_canary_analysis_read_only(client, rolling_out):
+    StageAnalysis.objects.create(
+        deployment=rolling_out,
+        stage=1,
+        percent=10,
+        baseline_version=1,
+        canary_version=2,
+        window_start=datetime(2026, 12, 7, 12, 0, tzinfo=UTC),
+        window_end=datetime(2026, 12, 7, 12, 1, tzinfo=UTC),
+        decision="rollback",
+        action="rolled back to v1",
+        score=0.0,
+        reason="critical metric failed",
+        verdicts=[{"name": "latency_s", "verdict": "fail", "reason": "p50 0.6 s vs 0.2 s"}],
+        sample={},
+        policy={},
+    )
+    response = client.get(change_url(rolling_out))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "rolled back to v1" in page and "p50 0.6 s vs 0.2 s" in page
+    inline = StageAnalysisInline(Deployment, admin.site)
+    assert not inline.has_add_permission(None, rolling_out)
+    assert not inline.has_change_permission(None, rolling_out)
 
 
 # --- The timeline is append-only --------------------------------------------------------------
