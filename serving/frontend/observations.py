@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 
 from serving.frontend.protocol import ChatCompletionRequest
+from serving.rate_sampler import RateSampler
 
 if TYPE_CHECKING:
     from serving.frontend.generation import Generation
@@ -69,10 +69,7 @@ class ObservationLog:
         self.per_second = per_second
         self._ring: deque[Observation] = deque(maxlen=capacity)
         self._seq = 0
-        self.skipped = 0  # sampled out above the rate
-        self._window = 0
-        self._seen_in_window = 0
-        self._keep_share = 1.0
+        self._sampler = RateSampler(per_second)
         self.started = time.time()
 
     @classmethod
@@ -82,21 +79,14 @@ class ObservationLog:
             float(os.environ.get("SERVING_OBSERVE_PER_SECOND", DEFAULT_PER_SECOND)),
         )
 
+    @property
+    def skipped(self) -> int:
+        """Requests sampled out above the rate."""
+        return self._sampler.skipped
+
     def wanted(self) -> bool:
-        """Whether to observe the request starting now: all of them up to ``per_second``; above
-        it, the share that last second's count allows, at random. ``per_second`` 0: none."""
-        if self.per_second <= 0:
-            return False
-        now = int(time.monotonic())
-        if now != self._window:
-            last = self._seen_in_window if now == self._window + 1 else 0
-            self._keep_share = 1.0 if last <= self.per_second else self.per_second / last
-            self._window, self._seen_in_window = now, 0
-        self._seen_in_window += 1
-        if self._keep_share >= 1.0 or random.random() < self._keep_share:
-            return True
-        self.skipped += 1
-        return False
+        """Whether to observe the request starting now (:class:`RateSampler`)."""
+        return self._sampler.wanted()
 
     def add(self, **fields: Any) -> Observation:
         self._seq += 1

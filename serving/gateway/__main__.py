@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from serving.gateway import keys, table
+from serving.gateway import keys, observations, table
 from serving.gateway.activator import DEFAULT_HOLD_MAX, DEFAULT_HOLD_SECONDS
 from serving.gateway.connections import ConnectionGuard, GuardedSite
 from serving.gateway.supervisor import supervise
@@ -145,6 +145,7 @@ async def follow(
                 used, gateway.keys_used = gateway.keys_used, {}
                 if used:
                     await client.hset(f"{prefix}:key_last_used", mapping=used)  # type: ignore[arg-type]
+                await observations.flush(client, prefix, gateway.observations)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("Redis unavailable, keeping the current table: %s", exc)
             await _pause(stop, 1)

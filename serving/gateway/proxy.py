@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from serving.gateway.activator import Activator, NotReleased
 from serving.gateway.keys import KeyTable, Refused, estimate_tokens, presented_key
+from serving.gateway.observations import GatewayObservations, is_inference
 from serving.gateway.ratelimit import LimitsUnavailable, RateLimiter, buckets
 from serving.gateway.supervisor import MULTIPROCESS_DIR_VARIABLE
 from serving.gateway.table import Backend, Group, RouteEntry
@@ -190,6 +191,8 @@ class Gateway:
         self.seen: dict[str, float] = {}
         #: key prefix → time of its last accepted request, flushed the same way.
         self.keys_used: dict[str, float] = {}
+        #: KServe inference requests observed for the canary analysis, flushed the same way.
+        self.observations = GatewayObservations.from_env()
         self.session: aiohttp.ClientSession | None = None
         #: Holds the requests for a deployment scaled to zero (one that asks for no wake when
         #: none is given: the tests' and a gateway's without Redis).
@@ -327,10 +330,17 @@ class Gateway:
                     return limited
         self.keys_used[caller.key.prefix] = time.time()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        observed = (
+            time.monotonic()
+            if kind == "kserve_http"
+            and is_inference(request.method, upstream_path)
+            and self.observations.wanted()
+            else None
+        )
         self.metrics.in_flight.inc()
         try:
             return await self._forward(
-                request, path, upstream_path, kind, candidates, headers, body
+                request, path, upstream_path, kind, candidates, headers, body, observed
             )
         finally:
             self.metrics.in_flight.dec()
@@ -379,7 +389,9 @@ class Gateway:
         candidates: list[tuple[Group, Backend]],
         headers: dict[str, str],
         body: bytes,
+        observed: float | None = None,
     ) -> web.StreamResponse:
+        """``observed``: when the request came in, if it is to be observed."""
         assert self.session is not None
         for attempt, (group, backend) in enumerate(candidates[:MAX_CONNECT_ATTEMPTS]):
             url = f"{getattr(backend, kind)}/{rest}"
@@ -405,6 +417,7 @@ class Gateway:
                 )
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.metrics.upstream_errors.labels(path).inc()
+                self._observe(path, group, 502, observed)
                 return self._error(
                     path,
                     502,
@@ -412,7 +425,7 @@ class Gateway:
                     "upstream_error",
                     kserve=kind == "kserve_http",
                 )
-            return await self._relay(request, path, group, backend, upstream)
+            return await self._relay(request, path, group, backend, upstream, observed)
         raise AssertionError("unreachable: candidates is not empty")
 
     async def _relay(
@@ -422,6 +435,7 @@ class Gateway:
         group: Group,
         backend: Backend,
         upstream: aiohttp.ClientResponse,
+        observed: float | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status)
         for name, value in upstream.headers.items():
@@ -436,6 +450,7 @@ class Gateway:
                     await response.write(chunk)
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.metrics.upstream_errors.labels(path).inc()
+            self._observe(path, group, 502, observed)
             if not response.prepared:
                 return self._error(
                     path,
@@ -453,7 +468,12 @@ class Gateway:
             return response
         await response.write_eof()
         self.metrics.requests.labels(path, str(upstream.status)).inc()
+        self._observe(path, group, upstream.status, observed)
         return response
+
+    def _observe(self, path: str, group: Group, status: int, observed: float | None) -> None:
+        if observed is not None:
+            self.observations.add(path, group.label, status, observed)
 
     def _error(
         self, path: str, status: int, message: str, kind: str, *, kserve: bool = False

@@ -11,8 +11,10 @@ it."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import httpx
 import pytest
 from django.conf import settings
 
@@ -77,15 +79,46 @@ def roll_out(world, model, v1, v2) -> tuple[Deployment, Load]:
     return deployment, load
 
 
+class KServeCallers:
+    """A KServe v2 caller beside the OpenAI load: ``generate`` through the gateway, which
+    observes these (the front ends do not see them)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url = f"{url}/v2/models/{SERVED_NAME}/generate"
+        self.key = key
+        self.statuses: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {"text_input": "Hello", "max_tokens": 2}
+        with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {self.key}"}) as http:
+            while not self._stop.is_set():
+                try:
+                    self.statuses.append(http.post(self.url, json=body).status_code)
+                except httpx.HTTPError:
+                    self.statuses.append(0)
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> KServeCallers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
 def test_an_equal_new_version_is_promoted(rollout_world):
     world = rollout_world
     model = world.model("chat")
     v1, v2 = world.version(model), world.version(model)
     deployment, load = roll_out(world, model, v1, v2)
-    with load:
+    with load, KServeCallers(world.endpoint(model), world.caller_key) as kserve:
         services.update_deployment(deployment, actor=USER, version=v2)
         settled_on(deployment, 2)
     assert load.failures() == []
+    assert kserve.statuses and set(kserve.statuses) == {200}
     analyses = list(StageAnalysis.objects.filter(deployment=deployment))
     assert analyses, "no bake was judged"
     final = analyses[-1]
@@ -94,6 +127,8 @@ def test_an_equal_new_version_is_promoted(rollout_world):
     for side in ("baseline", "canary"):
         assert final.sample[side]["requests"] >= MIN_SAMPLES, final.sample
         assert final.sample[side]["unread"] == []
+        # The KServe requests the gateway observed are judged with the OpenAI ones.
+        assert final.sample[side]["kserve_requests"] > 0, final.sample
     latency = next(v for v in final.verdicts if v["name"] == "latency_s")
     assert latency["verdict"] in ("pass", "marginal"), latency
 

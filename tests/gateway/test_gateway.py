@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 import httpx
 import psutil
@@ -19,6 +20,7 @@ import redis
 from django.conf import settings
 
 from serving.gateway import keys, table
+from serving.gateway import observations as gateway_observations
 from serving.gateway.keys import KeyEntry, Limits
 from serving.gateway.table import Backend, Group, RouteEntry
 from tests.conftest import stop_process_group
@@ -253,6 +255,39 @@ def test_gateways_report_what_they_applied_and_when_routes_were_used(client, gat
     before = time.time()
     httpx.post(url + "/models/t/m/v1/x", headers=AUTH)
     wait_for(lambda: table.last_requests(client).get("t/m", 0) >= before, 5, "last request")
+
+
+def test_kserve_inference_requests_are_observed_by_version_for_the_canary_analysis(
+    client, gateway, backends
+):
+    """Each KServe v2 inference call is kept with the version that answered, its status and
+    latency, and read back by the window it ended in; OpenAI calls (observed by the front ends)
+    and KServe metadata calls are not."""
+    _, url = gateway
+    publish(
+        client,
+        url,
+        route("t/m", Group("v1", 50, [backends("a")]), Group("v2", 50, [backends("b")])),
+    )
+    since = time.time()
+    with httpx.Client(headers=AUTH) as http:
+        for _ in range(20):
+            assert http.post(url + "/models/t/m/v2/models/m/infer", json={}).status_code == 200
+        assert http.post(url + "/models/t/m/v2/models/m/generate", json={}).status_code == 200
+        assert http.get(url + "/models/t/m/v2/models/m").status_code == 200
+        assert http.post(url + "/models/t/m/completions", json={}).status_code == 200
+
+    def read():
+        found = gateway_observations.read(client, "gateway", "t/m", since, time.time())
+        return len(found) == 21 and found
+
+    found = wait_for(read, 10, "the observations flushed")
+    assert {r["version"] for r in found} == {"v1", "v2"}
+    assert Counter(r["version"] for r in found)["v1"] in range(5, 17)  # the 50/50 split
+    assert all(r["status"] == 200 and r["error"] is None for r in found)
+    assert all(r["protocol"] == "kserve" and 0 < r["latency_s"] < 10 for r in found)
+    assert gateway_observations.read(client, "gateway", "t/m", 0, since) == []
+    assert gateway_observations.read(client, "gateway", "other/model", since, time.time()) == []
 
 
 def test_sigterm_lets_in_flight_requests_finish(client, gateway, backends):

@@ -1,5 +1,5 @@
 """Canary analysis of a bake: read both versions' per-request observations over the bake's
-window from their instances, judge the new version against the old (:mod:`.judge`), and keep
+window from their instances (OpenAI requests) and the gateways (KServe requests), judge the new version against the old (:mod:`.judge`), and keep
 the analysis (:class:`~portal.deployments.models.StageAnalysis`).
 
 The observations come from each instance's serving front end (``GET /observations``, see
@@ -45,14 +45,21 @@ class Side:
     unread: list[str] = field(default_factory=list)
     #: An instance's ring no longer reached back to the window's start.
     truncated: bool = False
+    #: Of ``records``, the KServe requests the gateways observed.
+    kserve: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {
             "requests": len(self.records),
+            "kserve_requests": self.kserve,
             "instances": self.instances,
             "unread": self.unread,
             "truncated": self.truncated,
         }
+
+    def add_gateway_records(self, records: list[dict[str, Any]]) -> None:
+        self.records += records
+        self.kserve += len(records)
 
 
 def judged_stage(percent: int | None) -> bool:
@@ -124,10 +131,18 @@ def judge_bake(
     canary_rows: Iterable[Any],
     since: float,
     until: float,
+    *,
+    gateway_records: list[dict[str, Any]] | None = None,
+    labels: tuple[str, str] = ("", ""),
 ) -> BakeJudgement:
-    """Read both versions' instances over ``[since, until]`` and judge the new one."""
+    """Read both versions' instances over ``[since, until]`` and judge the new one. The
+    OpenAI requests come from the instances' front ends; ``gateway_records`` are the KServe
+    requests the gateways observed on the route, each side taking those of its version's
+    label (``labels``: baseline's, canary's, as ``v1``)."""
     old = read_side(baseline_rows, since, until)
     new = read_side(canary_rows, since, until)
+    for side, label in zip((old, new), labels, strict=True):
+        side.add_gateway_records([r for r in gateway_records or () if r.get("version") == label])
     analysis = judge(
         policy, Observations.from_records(old.records), Observations.from_records(new.records)
     )

@@ -587,8 +587,17 @@ def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: flo
     target, fallback, stage = deployment.target_version, plan.fallback, deployment.current_stage
     step = deployment.step
     policy = CanaryPolicy.from_dict(deployment.canary_policy or {})
+    launcher = get_launcher(deployment.region)
     judgement = canary.judge_bake(
-        policy, view.ready(fallback), view.ready(target), step.bake_started_at, ends
+        policy,
+        view.ready(fallback),
+        view.ready(target),
+        step.bake_started_at,
+        ends,
+        gateway_records=launcher.gateway_observations(
+            routing.route_path(deployment), step.bake_started_at, ends
+        ),
+        labels=(f"v{fallback.number}", f"v{target.number}"),
     )
     analysis = judgement.analysis
     words = f"canary analysis of stage {stage}: {analysis.reason}"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from serving.frontend import observations
+from serving import rate_sampler
 from serving.frontend.generation import Generation, _Choice
 from serving.frontend.observations import ObservationLog, record_generation
 from serving.frontend.protocol import ChatCompletionRequest
@@ -65,7 +65,9 @@ class FakeClock:
 
 def test_above_its_rate_a_random_share_is_kept(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(observations, "time", clock)
+    monkeypatch.setattr(
+        rate_sampler, "time", clock
+    )  # the sampler's clock (serving/rate_sampler.py)
     random.seed(7)
     log = ObservationLog(capacity=10_000, per_second=10)
     first = sum(log.wanted() for _ in range(100))

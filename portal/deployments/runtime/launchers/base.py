@@ -217,6 +217,14 @@ class Launcher(abc.ABC):
         idleness. The local launcher reads what its gateways record."""
         return None
 
+    def gateway_observations(
+        self, route: str, since: float, until: float
+    ) -> list[dict[str, Any]] | None:
+        """The KServe v2 inference requests the platform's gateways observed on ``route``
+        (its path) within ``[since, until]``, each with the version that answered, for the
+        canary analysis; None when this launcher's traffic does not pass them."""
+        return None
+
     @abc.abstractmethod
     def read_log(
         self,

@@ -10,10 +10,12 @@ the Versioned clean-up.
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from portal.deployments.runtime.launchers.base import Route
-from serving.gateway import table
+from serving.gateway import observations, table
 
 
 class GatewayRoutes:
@@ -58,3 +60,8 @@ class GatewayRoutes:
 
     def last_requests(self) -> dict[str, float]:
         return table.last_requests(self.redis, prefix=self.prefix)
+
+    def observations(self, route: str, since: float, until: float) -> list[dict[str, Any]]:
+        """The KServe inference requests the gateways observed on ``route`` in the window
+        (:mod:`serving.gateway.observations`)."""
+        return observations.read(self.redis, self.prefix, route, since, until)

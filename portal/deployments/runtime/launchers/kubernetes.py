@@ -349,6 +349,12 @@ class KubernetesLauncher(Launcher):
         """Recorded by the platform's gateway only; a Gateway API implementation does not say."""
         return None if self.gateway else self.platform_gateway.last_requests()
 
+    def gateway_observations(
+        self, route: str, since: float, until: float
+    ) -> list[dict[str, Any]] | None:
+        """Observed by the platform's gateway only, as :meth:`last_requests`."""
+        return None if self.gateway else self.platform_gateway.observations(route, since, until)
+
 
 def _observed(pod: Any) -> ObservedInstance:
     name = pod.metadata.name

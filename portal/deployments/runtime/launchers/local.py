@@ -267,6 +267,9 @@ class LocalLauncher(Launcher):
     def last_requests(self) -> dict[str, float]:
         return self.gateway.last_requests()
 
+    def gateway_observations(self, route: str, since: float, until: float) -> list[dict[str, Any]]:
+        return self.gateway.observations(route, since, until)
+
 
 # --- the run directory ------------------------------------------------------------------------
 
