@@ -29,6 +29,16 @@ Two placements, each with fresh processes (``--pinning``, default both):
   on the others, as on a machine where the front end has its own core.
 
 Results go to a JSON file and a Markdown summary next to it (``--out``).
+
+``--observations`` (:mod:`serving.frontend.observations`, one record per finished request):
+left out, the front end runs with the environment as inherited, as before; ``on`` or ``off``
+runs the comparison above with ``SERVING_OBSERVE_PER_SECOND`` at 100000 (every request observed)
+or 0 (none); ``both`` measures only the ``frontend`` path, observations off against on, on one
+engine: ``--rounds`` rounds of each, the front end restarted for every round, in the order off,
+on, on, off, off, on, ... so that drift on a shared machine falls on both alike. It writes
+``frontend_observations.json`` and ``.md``::
+
+    python bench/frontend_overhead.py --pinning pinned --observations both
 """
 
 from __future__ import annotations
@@ -67,6 +77,9 @@ CONCURRENCY = (1, 8, 32)
 PROMPT = "The quick brown fox jumps over the lazy dog"
 GOAL_MS = 2.0
 GOAL_RATIO = 0.8
+#: SERVING_OBSERVE_PER_SECOND for each --observations state: 100000 keeps every request here.
+OBSERVE_ENV = {"off": "0", "on": "100000"}
+OBSERVE_GOAL_MS = 0.1
 
 
 def write_repository(root: Path, weights: Path, max_num_seqs: int) -> Path:
@@ -246,11 +259,17 @@ async def run_level(
         "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3),
         "mean_ms": round(statistics.fmean(ms), 3),
         **cpu_ms,
+        "latencies_ms": ms,  # popped by the caller
     }
 
 
 async def measure(
-    grpc_url: str, frontend_url: str, max_tokens: int, total: int, pids: dict[str, int]
+    grpc_url: str,
+    frontend_url: str,
+    max_tokens: int,
+    total: int,
+    pids: dict[str, int],
+    paths: tuple[str, ...] = ("direct", "frontend"),
 ) -> list[dict]:
     channel = grpc.aio.insecure_channel(grpc_url)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -295,11 +314,12 @@ async def measure(
     try:
         for concurrency in CONCURRENCY:
             n = total * (1 if concurrency == 1 else 2)
-            for path, call in (("direct", direct), ("frontend", frontend)):
+            for path in paths:
+                call = {"direct": direct, "frontend": frontend}[path]
                 row = await run_level(call, concurrency, n, pids)
                 row.update(path=path, max_tokens=max_tokens)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "latencies_ms"}), flush=True)
     finally:
         await channel.close()
         await http.close()
@@ -371,6 +391,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- Command: `{result['command']}`",
         f"- Wall time {result['wall_s'] / 60:.1f} min",
         f"- Engine environment: {result['engine_env'] or 'as inherited'}",
+        f"- Front-end environment: {result['frontend_env'] or 'as inherited'}",
         "",
         f"Each request: prompt of {result['prompt_tokens']} tokens, greedy, `ignore_eos`, "
         f"`max_tokens` = {result['max_tokens']} (short, so per-request overhead dominates). "
@@ -419,36 +440,233 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 @contextmanager
+def engine_server(
+    repository: Path, cpus: set[int] | None, engine_env: dict[str, str]
+) -> Iterator[tuple[dict[str, int], int]]:
+    """``serving.kserve`` on free loopback ports: its ports and pid."""
+    ports = {what: free_port() for what in ("http", "grpc", "metrics")}
+    engine = [sys.executable, "-m", "serving.kserve", "--model-repository", str(repository)]
+    for what, port in ports.items():
+        engine += [f"--{what}-address=127.0.0.1", f"--{what}-port", str(port)]
+    engine_up = http_ok(f"http://127.0.0.1:{ports['http']}/v2/health/ready")
+    with process(engine, engine_up, "engine", cpus, engine_env) as pid:
+        yield ports, pid
+
+
+@contextmanager
+def frontend_server(
+    repository: Path, engine: dict[str, int], cpus: set[int] | None, env: dict[str, str]
+) -> Iterator[tuple[str, int]]:
+    """``serving.frontend`` on a free loopback port, in front of ``engine``: its URL and pid."""
+    front = free_port()
+    frontend = [sys.executable, "-m", "serving.frontend", "--model-repository", str(repository)]
+    frontend += ["--kserve-grpc", f"127.0.0.1:{engine['grpc']}", "--kserve-http"]
+    frontend += [f"127.0.0.1:{engine['http']}"]
+    frontend += ["--kserve-metrics", f"http://127.0.0.1:{engine['metrics']}/metrics"]
+    frontend += ["--host", "127.0.0.1", "--port", str(front), "--log-level", "warning"]
+    frontend_up = http_ok(f"http://127.0.0.1:{front}/health/ready")
+    with process(frontend, frontend_up, "frontend", cpus, env) as pid:
+        yield f"http://127.0.0.1:{front}", pid
+
+
+def placement(pinned: bool) -> tuple[set[int] | None, set[int] | None]:
+    """The front end's CPUs and the engine's (and load generator's): CPU 0 and the others when
+    ``pinned``, else no pinning."""
+    cpus = set(range(os.cpu_count() or 1))
+    return ({0}, cpus - {0}) if pinned else (None, None)
+
+
+@contextmanager
 def servers(
-    repository: Path, pinned: bool, engine_env: dict[str, str]
+    repository: Path, pinned: bool, engine_env: dict[str, str], frontend_env: dict[str, str]
 ) -> Iterator[tuple[str, str, dict[str, int]]]:
     """Engine and front end on free loopback ports: the gRPC target, the front end's URL and
     both pids. ``pinned``: the front end on CPU 0, the engine on the other CPUs."""
-    cpus = set(range(os.cpu_count() or 1))
-    front_cpus, engine_cpus = ({0}, cpus - {0}) if pinned else (None, None)
-    http, grpc_port, metrics, front = free_port(), free_port(), free_port(), free_port()
-    py = sys.executable
-    engine = [py, "-m", "serving.kserve", "--model-repository", str(repository)]
-    for what in ("http", "grpc", "metrics"):
-        engine += [f"--{what}-address=127.0.0.1"]
-    engine += ["--http-port", str(http), "--grpc-port", str(grpc_port)]
-    engine += ["--metrics-port", str(metrics)]
-    frontend = [py, "-m", "serving.frontend", "--model-repository", str(repository)]
-    frontend += ["--kserve-grpc", f"127.0.0.1:{grpc_port}", "--kserve-http"]
-    frontend += [f"127.0.0.1:{http}", "--kserve-metrics", f"http://127.0.0.1:{metrics}/metrics"]
-    frontend += ["--host", "127.0.0.1", "--port", str(front), "--log-level", "warning"]
-    engine_up = http_ok(f"http://127.0.0.1:{http}/v2/health/ready")
-    frontend_up = http_ok(f"http://127.0.0.1:{front}/health/ready")
+    front_cpus, engine_cpus = placement(pinned)
     with (
-        process(engine, engine_up, "engine", engine_cpus, engine_env) as engine_pid,
-        process(frontend, frontend_up, "frontend", front_cpus) as front_pid,
+        engine_server(repository, engine_cpus, engine_env) as (ports, engine_pid),
+        frontend_server(repository, ports, front_cpus, frontend_env) as (front_url, front_pid),
     ):
         pin_self(engine_cpus)
         try:
             pids = {"frontend": front_pid, "engine": engine_pid}
-            yield f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{front}", pids
+            yield f"127.0.0.1:{ports['grpc']}", front_url, pids
         finally:
             pin_self(None)
+
+
+def prompt_tokens_of(front_url: str) -> int:
+    return httpx.post(
+        f"{front_url}/v1/completions",
+        json={"model": MODEL, "prompt": PROMPT, "max_tokens": 1},
+        timeout=60,
+    ).json()["usage"]["prompt_tokens"]
+
+
+def observation_rounds(
+    repository: Path, pinned: bool, engine_env: dict[str, str], args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], int]:
+    """``frontend`` rows, observations off and on, ``args.rounds`` of each on one engine, the
+    front end restarted every round; order off, on, on, off, off, on, ... Each row keeps its
+    latencies and how many observations the front end had recorded at its end."""
+    front_cpus, engine_cpus = placement(pinned)
+    order = [("off", "on") if i % 2 == 0 else ("on", "off") for i in range(args.rounds)]
+    rows: list[dict[str, Any]] = []
+    with engine_server(repository, engine_cpus, engine_env) as (ports, engine_pid):
+        pin_self(engine_cpus)
+        try:
+            for number, state in ((i, st) for i, pair in enumerate(order) for st in pair):
+                env = {"SERVING_OBSERVE_PER_SECOND": OBSERVE_ENV[state]}
+                with frontend_server(repository, ports, front_cpus, env) as (url, pid):
+                    prompt_tokens = prompt_tokens_of(url)
+                    pids = {"frontend": pid, "engine": engine_pid}
+                    grpc_url = f"127.0.0.1:{ports['grpc']}"
+                    level = asyncio.run(
+                        measure(grpc_url, url, args.max_tokens, args.total, pids, ("frontend",))
+                    )
+                    observed = httpx.get(f"{url}/observations?limit=1", timeout=10).json()["last"]
+                for row in level:
+                    row.update(round=number, observations=state, observed=observed)
+                rows += level
+        finally:
+            pin_self(None)
+    return rows, prompt_tokens
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * q))]
+
+
+def observation_summary(rows: list[dict[str, Any]], pinning: str) -> list[dict[str, Any]]:
+    """Per level: pooled p50 and p99 of each state, the p50 difference (on - off) with the
+    per-round differences (round i's on against round i's off) as its noise, the spread of the
+    off rounds' p50s among themselves (an A/A difference), and front-end CPU per request."""
+    out = []
+    for concurrency in CONCURRENCY:
+        level = [r for r in rows if r["concurrency"] == concurrency]
+        by = {st: [r for r in level if r["observations"] == st] for st in OBSERVE_ENV}
+        pooled = {st: sorted(x for r in by[st] for x in r["latencies_ms"]) for st in OBSERVE_ENV}
+        p50 = {st: statistics.median(pooled[st]) for st in OBSERVE_ENV}
+        diffs = [on["p50_ms"] - off["p50_ms"] for off, on in zip(by["off"], by["on"], strict=True)]
+        off_p50s = [r["p50_ms"] for r in by["off"]]
+        cpu = {
+            st: sum(r["frontend_cpu_ms_per_request"] * r["requests"] for r in by[st])
+            / sum(r["requests"] for r in by[st])
+            for st in OBSERVE_ENV
+        }
+        row: dict[str, Any] = {"pinning": pinning, "concurrency": concurrency}
+        for st in OBSERVE_ENV:
+            row[f"{st}_requests"] = len(pooled[st])
+            row[f"{st}_p50_ms"] = round(p50[st], 3)
+            row[f"{st}_p99_ms"] = round(percentile(pooled[st], 0.99), 3)
+            row[f"{st}_frontend_cpu_ms_per_request"] = round(cpu[st], 3)
+        row.update(
+            p50_diff_ms=round(p50["on"] - p50["off"], 3),
+            round_diffs_ms=[round(d, 3) for d in diffs],
+            round_diff_median_ms=round(statistics.median(diffs), 3),
+            # mean of the round diffs +- 2 standard errors: about a 95% interval
+            round_diff_mean_ms=round(statistics.fmean(diffs), 3),
+            round_diff_2se_ms=round(2 * statistics.stdev(diffs) / len(diffs) ** 0.5, 3)
+            if len(diffs) > 1
+            else None,
+            off_round_p50_spread_ms=round(max(off_p50s) - min(off_p50s), 3),
+            cpu_diff_ms_per_request=round(cpu["on"] - cpu["off"], 3),
+        )
+        out.append(row)
+    return out
+
+
+def observation_verdict(summary: list[dict[str, Any]]) -> str:
+    """Met where the interval of the round diffs lies below the goal, not met where it lies
+    above, and unresolved where it straddles it (the noise is larger than the goal)."""
+    parts = []
+    for s in summary:
+        mean, half = s["round_diff_mean_ms"], s["round_diff_2se_ms"] or 0.0
+        if mean + half < OBSERVE_GOAL_MS:
+            reading = "met"
+        elif mean - half > OBSERVE_GOAL_MS:
+            reading = "not met"
+        else:
+            reading = "not resolved: the interval is wider than the goal"
+        parts.append(
+            f"{s['pinning']}, {s['concurrency']} clients: on - off p50 {s['p50_diff_ms']:+.3f} ms "
+            f"pooled, {mean:+.3f} +- {half:.3f} ms over rounds (goal under {OBSERVE_GOAL_MS:g} "
+            f"ms): {reading}."
+        )
+    return " ".join(parts)
+
+
+def observation_markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        "# Front end: observations on against off",
+        "",
+        "Generated by `bench/frontend_overhead.py --observations both`; do not edit by hand.",
+        "",
+        f"- CPU: {m.get('cpu_model')}, {m.get('cpu_count')} cores; Python {m['python']}; "
+        f"commit {m.get('commit')}",
+        f"- Command: `{result['command']}`; wall time {result['wall_s'] / 60:.1f} min",
+        f"- Load average (1, 5, 15 min) before {result['loadavg_before']}, "
+        f"after {result['loadavg_after']}",
+        f"- `off`: `SERVING_OBSERVE_PER_SECOND={OBSERVE_ENV['off']}`; `on`: "
+        f"`SERVING_OBSERVE_PER_SECOND={OBSERVE_ENV['on']}` (every request observed; observations "
+        f"recorded per `on` round: {result['observed_on']}, per `off` round: "
+        f"{result['observed_off']})",
+        f"- {result['rounds']} rounds of each state on one engine process, the front end "
+        "restarted every round, order off, on, on, off, off, on, ...; `POST /v1/completions`, "
+        f"prompt of {result['prompt_tokens']} tokens, `max_tokens` = {result['max_tokens']}, "
+        f"{result['total']} requests per round at 1 client, twice that at 8 and 32",
+        "",
+        "p50 and p99 are over all rounds' requests of a state together. Round diffs: each "
+        "round's p50 on minus the same round's p50 off; their mean +- 2 standard errors is "
+        "about a 95% interval of the difference, drift between rounds included. Off spread: the "
+        "largest minus the smallest p50 of the off rounds, i.e. how far the same setting moves "
+        "between rounds. CPU: the front-end process's user+system time per request.",
+        "",
+    ]
+    for pinning in dict.fromkeys(s["pinning"] for s in result["summary"]):
+        lines += [
+            f"## {pinning.capitalize()} ({PINNING_TEXT[pinning]})",
+            "",
+            "| clients | p50 off | p50 on | p50 on - off | round diffs: mean +- 2 SE "
+            "| round diffs: min..max "
+            "| off spread | p99 off | p99 on | CPU/req off | CPU/req on |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for s in result["summary"]:
+            if s["pinning"] != pinning:
+                continue
+            d = s["round_diffs_ms"]
+            lines.append(
+                f"| {s['concurrency']} | {s['off_p50_ms']:.3f} ms | {s['on_p50_ms']:.3f} ms "
+                f"| {s['p50_diff_ms']:+.3f} ms "
+                f"| {s['round_diff_mean_ms']:+.3f} ± {s['round_diff_2se_ms']} ms "
+                f"| {min(d):+.3f}..{max(d):+.3f} ms | {s['off_round_p50_spread_ms']:.3f} ms "
+                f"| {s['off_p99_ms']:.2f} ms | {s['on_p99_ms']:.2f} ms "
+                f"| {s['off_frontend_cpu_ms_per_request']:.3f} ms "
+                f"| {s['on_frontend_cpu_ms_per_request']:.3f} ms |"
+            )
+        lines.append("")
+    lines += [
+        "Per round (p50, ms):",
+        "",
+        "| pinning | clients | round | off | on |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in sorted(result["rows"], key=lambda r: (r["pinning"], r["concurrency"], r["round"])):
+        if r["observations"] == "off":
+            on = next(
+                x
+                for x in result["rows"]
+                if (x["pinning"], x["concurrency"], x["round"], x["observations"])
+                == (r["pinning"], r["concurrency"], r["round"], "on")
+            )
+            lines.append(
+                f"| {r['pinning']} | {r['concurrency']} | {r['round']} "
+                f"| {r['p50_ms']:.3f} | {on['p50_ms']:.3f} |"
+            )
+    lines += ["", result["verdict"], ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -469,45 +687,92 @@ def main(argv: list[str] | None = None) -> None:
         metavar="NAME=VALUE",
         help="an environment variable for the engine only (e.g. OMP_WAIT_POLICY=PASSIVE)",
     )
+    parser.add_argument(
+        "--observations",
+        choices=("both", "on", "off"),
+        default=None,
+        help="the front end's per-request observations: on (every request) or off for the "
+        "direct/frontend comparison, or both: frontend only, off against on in alternating "
+        "rounds (left out: the environment as inherited)",
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of each state with both")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     engine_env = dict(item.split("=", 1) for item in args.engine_env)
-    total = args.requests or (60 if args.quick else 300)
+    frontend_env = (
+        {"SERVING_OBSERVE_PER_SECOND": OBSERVE_ENV[args.observations]}
+        if args.observations in OBSERVE_ENV
+        else {}
+    )
+    args.total = total = args.requests or (60 if args.quick else 300)
     modes = ("unpinned", "pinned") if args.pinning == "both" else (args.pinning,)
     if "pinned" in modes and ((os.cpu_count() or 1) < 2 or shutil.which("taskset") is None):
         raise SystemExit("--pinning pinned needs at least 2 CPUs and taskset (util-linux)")
     started = time.monotonic()
+    loadavg_before = [round(x, 2) for x in os.getloadavg()]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         weights = make_demo_model(Path(tmp) / "weights")
         repository = write_repository(Path(tmp) / "repository", weights, max_num_seqs=32)
         for mode in modes:
-            with servers(repository, mode == "pinned", engine_env) as (grpc_url, front_url, pids):
-                prompt_tokens = httpx.post(
-                    f"{front_url}/v1/completions",
-                    json={"model": MODEL, "prompt": PROMPT, "max_tokens": 1},
-                    timeout=60,
-                ).json()["usage"]["prompt_tokens"]
-                level = asyncio.run(measure(grpc_url, front_url, args.max_tokens, total, pids))
+            if args.observations == "both":
+                level, prompt_tokens = observation_rounds(
+                    repository, mode == "pinned", engine_env, args
+                )
+            else:
+                with servers(repository, mode == "pinned", engine_env, frontend_env) as (
+                    grpc_url,
+                    front_url,
+                    pids,
+                ):
+                    prompt_tokens = prompt_tokens_of(front_url)
+                    level = asyncio.run(measure(grpc_url, front_url, args.max_tokens, total, pids))
             rows += [{"pinning": mode, **row} for row in level]
-    over = overheads(rows)
-    result = {
+    result: dict[str, Any] = {
         "machine": machine_info(
             ("torch", "transformers", "fastapi", "uvicorn", "grpcio", "tritonclient")
         ),
         "command": "python bench/frontend_overhead.py"
         + (" " + shlex.join(argv or sys.argv[1:])).rstrip(),
         "wall_s": round(time.monotonic() - started, 1),
+        "loadavg_before": loadavg_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "max_tokens": args.max_tokens,
         "engine_env": engine_env,
+        "frontend_env": frontend_env,
         "prompt_tokens": prompt_tokens,
-        "rows": rows,
-        "overhead": over,
-        "verdict": verdict(over),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "frontend_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "frontend_overhead.md").write_text(markdown(result))
+    if args.observations == "both":
+        summary = [
+            row
+            for mode in modes
+            for row in observation_summary([r for r in rows if r["pinning"] == mode], mode)
+        ]
+        observed = {
+            st: sorted({r["observed"] for r in rows if r["observations"] == st})
+            for st in OBSERVE_ENV
+        }
+        result.update(
+            rounds=args.rounds,
+            total=total,
+            observed_on=observed["on"],
+            observed_off=observed["off"],
+            summary=summary,
+            verdict=observation_verdict(summary),
+        )
+        result["rows"] = [{k: v for k, v in r.items() if k != "latencies_ms"} for r in rows]
+        name = "frontend_observations"
+        text = observation_markdown(result)
+    else:
+        for row in rows:
+            row.pop("latencies_ms")
+        over = overheads(rows)
+        result.update(rows=rows, overhead=over, verdict=verdict(over))
+        name = "frontend_overhead"
+        text = markdown(result)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(text)
     print(result["verdict"])
 
 

@@ -162,13 +162,14 @@ def create_app(settings: Settings, models: dict[str, OpenAIModel] | None = None)
                     observations, generation.model, route, generation.started, exc.status, exc.type
                 )
             raise
-        # The checks of a structured answer run once it has been sent.
-        background = (
-            BackgroundTask(record_generation, observations, generation, streamed=False)
-            if observe
-            else None
-        )
+        # The checks of a structured answer run once it has been sent, on the event loop as a
+        # stream's do: a plain function as a background task would be handed to a worker
+        # thread, a thread hop per request that cost more CPU than the observation itself.
+        background = BackgroundTask(observe_whole, generation) if observe else None
         return JSONResponse(body, background=background)
+
+    async def observe_whole(generation: Generation) -> None:
+        record_generation(observations, generation, streamed=False)
 
     @app.get("/observations")
     async def read_observations(after: int = 0, limit: int = MAX_READ) -> dict[str, Any]:
