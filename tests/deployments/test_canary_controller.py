@@ -8,6 +8,7 @@ too few requests lengthens the bake and then holds for a person; and what is ref
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -240,3 +241,31 @@ def test_a_policy_is_stored_whole_and_changed_as_a_rollout_setting(versions, cpu
     with pytest.raises(ValidationError) as refused:
         services.update_deployment(deployment, actor=USER, stages=[100])
     assert "canary_analysis" in refused.value.message_dict
+
+
+def test_a_verdict_kept_before_a_worker_stopped_is_acted_on_not_judged_again(
+    versions, cpu_instance_type, servers
+):
+    """The analysis row is written before the rollout acts on it; a worker killed in between
+    leaves the row, and the next step acts on that verdict, without a second row."""
+    deployment = canary_deployment(versions, cpu_instance_type)
+    into_first_bake(deployment, versions[2])
+    since, until = bake_over(deployment)
+    servers[1].add_requests(400, since, until, seed=1)
+    servers[2].add_requests(400, since, until, seed=2)  # equal: judged again, it would promote
+    StageAnalysis.objects.create(
+        deployment=deployment,
+        stage=1,
+        percent=50,
+        baseline_version=1,
+        canary_version=2,
+        window_start=datetime.fromtimestamp(since, tz=UTC),
+        window_end=datetime.fromtimestamp(until, tz=UTC),
+        decision="rollback",
+        action="rolled back to v1",
+        score=0.0,
+        reason="critical metric failed: latency_s fail: kept before the worker stopped",
+    )
+    deployment = run_until(deployment, lambda d: d.observed_state == "rolling_back")
+    assert "kept before the worker stopped" in deployment.status_message
+    assert StageAnalysis.objects.filter(deployment=deployment).count() == 1

@@ -149,6 +149,17 @@ def judge_bake(
     return BakeJudgement(policy, analysis, old, new, since, until)
 
 
+def kept(deployment: Deployment, until: float) -> StageAnalysis | None:
+    """The analysis already kept for the deployment's current stage and window ending at
+    ``until``, if any: the controller then acts on it rather than judging the bake again."""
+    return StageAnalysis.objects.filter(
+        deployment=deployment,
+        stage=deployment.current_stage,
+        canary_version=deployment.target_version.number,
+        window_end=datetime.fromtimestamp(until, tz=UTC),
+    ).first()
+
+
 def keep(
     deployment: Deployment, judgement: BakeJudgement, baseline: ModelVersion, action: str
 ) -> StageAnalysis:

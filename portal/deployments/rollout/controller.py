@@ -586,32 +586,45 @@ def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: flo
     assert plan.fallback is not None
     target, fallback, stage = deployment.target_version, plan.fallback, deployment.current_stage
     step = deployment.step
-    policy = CanaryPolicy.from_dict(deployment.canary_policy or {})
-    launcher = get_launcher(deployment.region)
-    judgement = canary.judge_bake(
-        policy,
-        view.ready(fallback),
-        view.ready(target),
-        step.bake_started_at,
-        ends,
-        gateway_records=launcher.gateway_observations(
-            routing.route_path(deployment), step.bake_started_at, ends
-        ),
-        labels=(f"v{fallback.number}", f"v{target.number}"),
-    )
-    analysis = judgement.analysis
-    words = f"canary analysis of stage {stage}: {analysis.reason}"
-    data = {"canary": analysis.decision, "score": analysis.score}
-    if analysis.decision == "promote":
-        canary.keep(deployment, judgement, fallback, "the rollout went on")
+    prior = canary.kept(deployment, ends)
+    if prior is not None:
+        # A worker stopped after keeping this bake's verdict and before acting on it: act on
+        # the verdict kept (the one on the page), not on a second reading.
+        decision, reason, score = prior.decision, prior.reason, prior.score
+
+        def keep(action: str) -> None:
+            pass
+    else:
+        launcher = get_launcher(deployment.region)
+        judgement = canary.judge_bake(
+            CanaryPolicy.from_dict(deployment.canary_policy or {}),
+            view.ready(fallback),
+            view.ready(target),
+            step.bake_started_at,
+            ends,
+            gateway_records=launcher.gateway_observations(
+                routing.route_path(deployment), step.bake_started_at, ends
+            ),
+            labels=(f"v{fallback.number}", f"v{target.number}"),
+        )
+        decision = judgement.analysis.decision
+        reason, score = judgement.analysis.reason, judgement.analysis.score
+
+        def keep(action: str) -> None:
+            canary.keep(deployment, judgement, fallback, action)
+
+    words = f"canary analysis of stage {stage}: {reason}"
+    data = {"canary": decision, "score": score}
+    if decision == "promote":
+        keep("the rollout went on")
         return f"; {words}"
-    if analysis.decision == "rollback":
-        canary.keep(deployment, judgement, fallback, f"rolled back to v{fallback.number}")
+    if decision == "rollback":
+        keep(f"rolled back to v{fallback.number}")
         return _begin_rollback(deployment, plan, words)
-    if analysis.decision == "not_enough_data":
+    if decision == "not_enough_data":
         if step.extensions < settings.CANARY_MAX_BAKE_EXTENSIONS:
             action = f"bake extended by {deployment.bake_seconds} s"
-            canary.keep(deployment, judgement, fallback, action)
+            keep(action)
             _update(deployment, step=step.but(extensions=step.extensions + 1))
             _note(
                 deployment,
@@ -621,7 +634,7 @@ def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: flo
             )
             return _interval()
         words += f", after {step.extensions} extension(s) of the bake"
-    canary.keep(deployment, judgement, fallback, "held for a person")
+    keep("held for a person")
     transition_deployment(
         deployment,
         D.PAUSED,
