@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from portal.core.actors import Actor
+from portal.deployments.models import StageAnalysis
 from portal.deployments.services import create_deployment
 from portal.registry.services import create_model, register_version
 
@@ -37,6 +40,26 @@ def make_python_version(model, artifact_root, io_spec: dict):
         io_spec=io_spec,
         python_model="class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
     )
+
+
+def make_stage_analysis(deployment, **overrides) -> StageAnalysis:
+    """A kept canary analysis of stage 1, a rollback of v2 to v1 on a latency fail, over the
+    minute from 12:00 on 2026-12-07; ``overrides`` change any field."""
+    fields = {
+        "stage": 1,
+        "percent": 10,
+        "baseline_version": 1,
+        "canary_version": 2,
+        "window_start": datetime(2026, 12, 7, 12, 0, tzinfo=UTC),
+        "window_end": datetime(2026, 12, 7, 12, 1, tzinfo=UTC),
+        "decision": "rollback",
+        "action": "rolled back to v1",
+        "score": 0.0,
+        "reason": "critical metric failed: latency_s fail",
+        "verdicts": [{"name": "latency_s", "kind": "latency", "verdict": "fail", "reason": "3x"}],
+        **overrides,
+    }
+    return StageAnalysis.objects.create(deployment=deployment, **fields)
 
 
 def make_deployment(model, version, instance_type, strategy: str = "red_black", **overrides):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 
 import pytest
 from django.contrib import admin
@@ -30,14 +29,13 @@ from portal.deployments.models import (
     MultiRegionDeployment,
     ObservedState,
     Region,
-    StageAnalysis,
 )
 from portal.deployments.services import update_deployment
 from portal.deployments.traffic.caller_keys import issue_caller_key
 from portal.registry.models import PlatformRelease, PluginWheel
 from portal.registry.services import create_model, register_version
 from serving.gateway import keys as gateway_keys
-from tests.factories import make_deployment
+from tests.factories import make_deployment, make_stage_analysis
 
 pytestmark = pytest.mark.django_db
 
@@ -457,21 +455,9 @@ def test_deployment_change_page_is_read_only(client, rolling_out):
 
 
 def test_the_deployment_page_shows_each_bakes_canary_analysis_read_only(client, rolling_out):
-    StageAnalysis.objects.create(
-        deployment=rolling_out,
-        stage=1,
-        percent=10,
-        baseline_version=1,
-        canary_version=2,
-        window_start=datetime(2026, 12, 7, 12, 0, tzinfo=UTC),
-        window_end=datetime(2026, 12, 7, 12, 1, tzinfo=UTC),
-        decision="rollback",
-        action="rolled back to v1",
-        score=0.0,
-        reason="critical metric failed",
+    make_stage_analysis(
+        rolling_out,
         verdicts=[{"name": "latency_s", "verdict": "fail", "reason": "p50 0.6 s vs 0.2 s"}],
-        sample={},
-        policy={},
     )
     response = client.get(change_url(rolling_out))
     assert response.status_code == 200

@@ -3,13 +3,11 @@ each bake's analysis read back (``GET .../deployments/{id}/analysis/``)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
-from portal.deployments.models import Deployment, StageAnalysis
+from portal.deployments.models import Deployment
 from tests.api.helpers import api_error, nothing_created, ok
-from tests.factories import make_deployment, make_version
+from tests.factories import make_deployment, make_stage_analysis, make_version
 
 pytestmark = pytest.mark.django_db
 
@@ -101,21 +99,10 @@ def test_each_bakes_analysis_is_read_back_by_the_team_only(
 ):
     deployment = make_deployment(model, v1, cpu_instance_type)
     verdict = {"name": "latency_s", "kind": "latency", "verdict": "fail", "reason": "3x slower"}
-    StageAnalysis.objects.create(
-        deployment=deployment,
-        stage=1,
-        percent=10,
-        baseline_version=1,
-        canary_version=2,
-        window_start=datetime(2026, 12, 7, 12, 0, tzinfo=UTC),
-        window_end=datetime(2026, 12, 7, 12, 1, tzinfo=UTC),
-        decision="rollback",
-        action="rolled back to v1",
-        score=0.0,
-        reason="critical metric failed: latency_s fail: 3x slower",
+    make_stage_analysis(
+        deployment,
         verdicts=[verdict],
         sample={"baseline": {"requests": 1200}, "canary": {"requests": 1100}},
-        policy={},
     )
     url = f"{DEPLOYMENTS}{deployment.pk}/analysis/"
     [analysis] = ok(client.get(url))

@@ -20,7 +20,7 @@ from portal.deployments.runtime.launchers.base import Health
 from tests.deployments.memory_launcher import MemoryLauncher as M
 from tests.deployments.observations_server import ObservationsServer
 from tests.deployments.test_controller import USER, ready_version, run_until, serve_v1, step
-from tests.factories import make_model
+from tests.factories import make_model, make_stage_analysis
 
 pytestmark = pytest.mark.usefixtures("memory_launcher")
 
@@ -253,17 +253,11 @@ def test_a_verdict_kept_before_a_worker_stopped_is_acted_on_not_judged_again(
     since, until = bake_over(deployment)
     servers[1].add_requests(400, since, until, seed=1)
     servers[2].add_requests(400, since, until, seed=2)  # equal: judged again, it would promote
-    StageAnalysis.objects.create(
-        deployment=deployment,
-        stage=1,
+    make_stage_analysis(
+        deployment,
         percent=50,
-        baseline_version=1,
-        canary_version=2,
         window_start=datetime.fromtimestamp(since, tz=UTC),
         window_end=datetime.fromtimestamp(until, tz=UTC),
-        decision="rollback",
-        action="rolled back to v1",
-        score=0.0,
         reason="critical metric failed: latency_s fail: kept before the worker stopped",
     )
     deployment = run_until(deployment, lambda d: d.observed_state == "rolling_back")
