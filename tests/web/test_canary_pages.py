@@ -38,25 +38,6 @@ POLICY = {
 }
 
 
-@pytest.fixture
-def url(team, model):
-    return reverse("web:deploy", args=[team.slug, model.slug])
-
-
-@pytest.fixture
-def base(version, cpu_instance_type) -> dict:
-    return {
-        "version": version.pk,
-        "strategy": "red_black",
-        "replicas": 1,
-        "instance_type": cpu_instance_type.pk,
-        "stages": "10, 50, 100",
-        "bake_seconds": 60,
-        "health_deadline_seconds": 600,
-        "max_error_rate": 0.05,
-    }
-
-
 def field_errors(response, name: str) -> str:
     """The text of the inline errors of the form field ``name``."""
     found = re.search(
@@ -77,9 +58,9 @@ def textarea(html: str, name: str) -> str:
 
 
 def test_the_form_offers_canary_analysis_with_the_default_policy_as_placeholder(
-    member, url, version
+    member, deploy_url, version
 ):
-    html = signed_in(member).get(url).content.decode()
+    html = signed_in(member).get(deploy_url).content.decode()
     assert "Judge each bake against the old version (canary analysis)" in html
     checkbox = re.search(r'<input type="checkbox" name="canary_analysis"[^>]*>', html)
     assert checkbox and "checked" not in checkbox[0]
@@ -90,10 +71,10 @@ def test_the_form_offers_canary_analysis_with_the_default_policy_as_placeholder(
     assert textarea(html, "canary_policy") == ""
 
 
-def test_the_form_deploys_with_canary_analysis_and_a_policy(member, url, base):
+def test_the_form_deploys_with_canary_analysis_and_a_policy(member, deploy_url, deploy_fields):
     custom = {"metrics": [{"name": "latency_s", "max_change": 0.2}], "pass_score": 90}
     response = signed_in(member).post(
-        url, {**base, "canary_analysis": "on", "canary_policy": json.dumps(custom)}
+        deploy_url, {**deploy_fields, "canary_analysis": "on", "canary_policy": json.dumps(custom)}
     )
     assert response.status_code == 302, errors_of(response)
     deployment = Deployment.objects.get()
@@ -105,18 +86,18 @@ def test_the_form_deploys_with_canary_analysis_and_a_policy(member, url, base):
     assert deployment.canary_policy["pass_score"] == 90
 
 
-def test_an_empty_policy_is_the_platform_default(member, url, base):
-    response = signed_in(member).post(url, {**base, "canary_analysis": "on"})
+def test_an_empty_policy_is_the_platform_default(member, deploy_url, deploy_fields):
+    response = signed_in(member).post(deploy_url, {**deploy_fields, "canary_analysis": "on"})
     assert response.status_code == 302, errors_of(response)
     deployment = Deployment.objects.get()
     assert deployment.canary_analysis is True
     assert deployment.canary_policy == CanaryPolicy.default().to_dict()
 
 
-def test_a_bad_policy_is_an_error_on_its_field_naming_the_part(member, url, base):
+def test_a_bad_policy_is_an_error_on_its_field_naming_the_part(member, deploy_url, deploy_fields):
     bad = {"metrics": [{"name": "latency_s", "alpha": 2}]}
     response = signed_in(member).post(
-        url, {**base, "canary_analysis": "on", "canary_policy": json.dumps(bad)}
+        deploy_url, {**deploy_fields, "canary_analysis": "on", "canary_policy": json.dumps(bad)}
     )
     assert response.status_code == 200
     message = field_errors(response, "canary_policy")
@@ -126,27 +107,29 @@ def test_a_bad_policy_is_an_error_on_its_field_naming_the_part(member, url, base
     assert json.loads(textarea(response.content.decode(), "canary_policy")) == bad
 
 
-def test_invalid_json_is_an_error_on_the_policy_field(member, url, base):
+def test_invalid_json_is_an_error_on_the_policy_field(member, deploy_url, deploy_fields):
     response = signed_in(member).post(
-        url, {**base, "canary_analysis": "on", "canary_policy": '{"metrics": ['}
+        deploy_url, {**deploy_fields, "canary_analysis": "on", "canary_policy": '{"metrics": ['}
     )
     assert "Not valid JSON" in field_errors(response, "canary_policy"), errors_of(response)
-    response = signed_in(member).post(url, {**base, "canary_policy": "[1, 2]"})
+    response = signed_in(member).post(deploy_url, {**deploy_fields, "canary_policy": "[1, 2]"})
     assert "Must be a JSON object" in field_errors(response, "canary_policy")
     assert not Deployment.objects.exists()
 
 
-def test_canary_analysis_needs_a_red_black_stage_below_100(member, url, base):
+def test_canary_analysis_needs_a_red_black_stage_below_100(member, deploy_url, deploy_fields):
     client = signed_in(member)
-    response = client.post(url, {**base, "canary_analysis": "on", "stages": "100"})
+    response = client.post(deploy_url, {**deploy_fields, "canary_analysis": "on", "stages": "100"})
     assert "stage below 100%" in field_errors(response, "canary_analysis"), errors_of(response)
-    response = client.post(url, {**base, "canary_analysis": "on", "strategy": "versioned"})
+    response = client.post(
+        deploy_url, {**deploy_fields, "canary_analysis": "on", "strategy": "versioned"}
+    )
     assert "Only a Red-Black rollout" in field_errors(response, "canary_analysis")
     assert not Deployment.objects.exists()
 
 
 def test_rolling_the_live_deployment_offers_its_canary_settings(
-    member, url, model, version, cpu_instance_type, artifact_root
+    member, deploy_url, model, version, cpu_instance_type, artifact_root
 ):
     custom = {"metrics": [{"name": "error_rate", "max_change": 0.03}]}
     live = make_deployment(
@@ -155,7 +138,7 @@ def test_rolling_the_live_deployment_offers_its_canary_settings(
     Deployment.objects.filter(pk=live.pk).update(observed_state=ObservedState.SERVING)
     v2 = make_version(model, artifact_root)
     client = signed_in(member)
-    html = client.get(url + f"?version={v2.number}").content.decode()
+    html = client.get(deploy_url + f"?version={v2.number}").content.decode()
     assert re.search(r'<input type="checkbox" name="canary_analysis"[^>]*checked', html)
     offered = textarea(html, "canary_policy")
     assert json.loads(offered) == CanaryPolicy.from_dict(custom).to_dict()
@@ -163,7 +146,7 @@ def test_rolling_the_live_deployment_offers_its_canary_settings(
     # Posted back as offered, the rollout keeps them.
     live.refresh_from_db()
     response = client.post(
-        url,
+        deploy_url,
         {
             "version": v2.pk,
             "strategy": "red_black",
@@ -187,11 +170,11 @@ def test_rolling_the_live_deployment_offers_its_canary_settings(
 
 
 def test_a_live_deployment_on_the_default_policy_offers_an_empty_box(
-    member, url, model, version, cpu_instance_type
+    member, deploy_url, model, version, cpu_instance_type
 ):
     live = make_deployment(model, version, cpu_instance_type, canary_analysis=True)
     Deployment.objects.filter(pk=live.pk).update(observed_state=ObservedState.SERVING)
-    html = signed_in(member).get(url).content.decode()
+    html = signed_in(member).get(deploy_url).content.decode()
     assert textarea(html, "canary_policy") == ""
 
 

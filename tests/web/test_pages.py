@@ -237,19 +237,9 @@ def test_add_a_python_backend_version_with_an_uploaded_model_py(
 # --- deploy ------------------------------------------------------------------------------------
 
 
-def test_deploy_form_validation_messages(member, team, model, version, cpu_instance_type):
+def test_deploy_form_validation_messages(member, team, deploy_url, deploy_fields):
     client = signed_in(member)
-    url = reverse("web:deploy", args=[team.slug, model.slug])
-    base = {
-        "version": version.pk,
-        "strategy": "red_black",
-        "replicas": 1,
-        "instance_type": cpu_instance_type.pk,
-        "stages": "10, 50, 100",
-        "bake_seconds": 60,
-        "health_deadline_seconds": 600,
-        "max_error_rate": 0.05,
-    }
+    url, base = deploy_url, deploy_fields
     assert has_error(client.post(url, {**base, "stages": "ten"}), "Write whole percentages")
     assert has_error(client.post(url, {**base, "stages": "50, 10"}), "increasing")
     assert has_error(client.post(url, {**base, "replicas": 0}), "greater than or equal to 1")

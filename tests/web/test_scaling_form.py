@@ -25,25 +25,6 @@ POLICY = {
 }
 
 
-@pytest.fixture
-def url(team, model):
-    return reverse("web:deploy", args=[team.slug, model.slug])
-
-
-@pytest.fixture
-def base(version, cpu_instance_type) -> dict:
-    return {
-        "version": version.pk,
-        "strategy": "red_black",
-        "replicas": 1,
-        "instance_type": cpu_instance_type.pk,
-        "stages": "10, 50, 100",
-        "bake_seconds": 60,
-        "health_deadline_seconds": 600,
-        "max_error_rate": 0.05,
-    }
-
-
 def policy_of(deployment: Deployment) -> tuple:
     return (
         deployment.replicas,
@@ -57,8 +38,8 @@ def policy_of(deployment: Deployment) -> tuple:
     )
 
 
-def test_the_form_has_a_scaling_section_closed_for_a_fixed_count(member, url, version):
-    page = signed_in(member).get(url).content.decode()
+def test_the_form_has_a_scaling_section_closed_for_a_fixed_count(member, deploy_url, version):
+    page = signed_in(member).get(deploy_url).content.decode()
     assert 'data-testid="scaling"' in page and 'data-testid="scaling" open' not in page
     for name in POLICY:
         assert f'name="{name}"' in page, name
@@ -66,8 +47,8 @@ def test_the_form_has_a_scaling_section_closed_for_a_fixed_count(member, url, ve
     assert "Scale to zero after (s)" in page
 
 
-def test_the_form_creates_an_autoscaling_deployment(member, team, url, base):
-    response = signed_in(member).post(url, {**base, **POLICY})
+def test_the_form_creates_an_autoscaling_deployment(member, team, deploy_url, deploy_fields):
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **POLICY})
     deployment = Deployment.objects.get()
     assert response.status_code == 302, errors_of(response)
     assert response["Location"] == reverse("web:deployment_detail", args=[team.slug, deployment.pk])
@@ -77,22 +58,24 @@ def test_the_form_creates_an_autoscaling_deployment(member, team, url, base):
     assert "2-5 replicas on waiting requests per instance 1.5" in event.message
 
 
-def test_blank_settings_take_the_defaults_and_scale_to_zero_is_set(member, url, base):
+def test_blank_settings_take_the_defaults_and_scale_to_zero_is_set(
+    member, deploy_url, deploy_fields
+):
     given = {
         **POLICY,
         "scale_metric": "kv_cache",
         "scale_target": "",
         "scale_to_zero_after_seconds": 600,
     }
-    response = signed_in(member).post(url, {**base, **given})
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **given})
     assert response.status_code == 302, errors_of(response)
     deployment = Deployment.objects.get()
     assert (deployment.scale_metric, deployment.scale_target) == ("kv_cache", 0.7)
     assert deployment.scale_to_zero_after_seconds == 600
 
 
-def test_min_above_max_is_shown_next_to_the_field(member, url, base):
-    response = signed_in(member).post(url, {**base, **POLICY, "min_replicas": 6})
+def test_min_above_max_is_shown_next_to_the_field(member, deploy_url, deploy_fields):
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **POLICY, "min_replicas": 6})
     assert response.status_code == 200
     assert not Deployment.objects.exists()
     form = response.context["form"]
@@ -113,8 +96,10 @@ def test_min_above_max_is_shown_next_to_the_field(member, url, base):
         ({"scale_to_zero_after_seconds": 3}, "scale_to_zero_after_seconds", "greater than"),
     ],
 )
-def test_bad_policy_settings_are_refused_by_field(member, url, base, given, field, words):
-    response = signed_in(member).post(url, {**base, **POLICY, **given})
+def test_bad_policy_settings_are_refused_by_field(
+    member, deploy_url, deploy_fields, given, field, words
+):
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **POLICY, **given})
     assert response.status_code == 200
     assert not Deployment.objects.exists()
     errors = response.context["form"].errors
@@ -123,11 +108,11 @@ def test_bad_policy_settings_are_refused_by_field(member, url, base, given, fiel
 
 
 def test_scale_to_zero_on_a_grpc_version_is_refused_next_to_the_field(
-    member, url, base, model, artifact_root
+    member, deploy_url, deploy_fields, model, artifact_root
 ):
     version = make_python_version(model, artifact_root, TAGGER_IO)
     given = {**POLICY, "version": version.pk, "scale_to_zero_after_seconds": 600}
-    response = signed_in(member).post(url, {**base, **given})
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **given})
     assert response.status_code == 200
     assert not Deployment.objects.exists()
     errors = response.context["form"].errors
@@ -135,22 +120,22 @@ def test_scale_to_zero_on_a_grpc_version_is_refused_next_to_the_field(
     assert "gRPC" in errors["scale_to_zero_after_seconds"][0]
 
 
-def test_without_autoscale_the_policy_fields_are_ignored(member, url, base):
+def test_without_autoscale_the_policy_fields_are_ignored(member, deploy_url, deploy_fields):
     # Hidden by the script while Autoscale is off: neither used nor judged.
     ignored = {k: v for k, v in POLICY.items() if k != "autoscale"} | {"min_replicas": 9}
-    response = signed_in(member).post(url, {**base, **ignored, "replicas": 3})
+    response = signed_in(member).post(deploy_url, {**deploy_fields, **ignored, "replicas": 3})
     assert response.status_code == 302, errors_of(response)
     assert policy_of(Deployment.objects.get()) == (3, 3, 3, "in_flight", 4.0, 10, 300, None)
 
 
-def test_a_fixed_count_needs_its_replicas(member, url, base):
-    response = signed_in(member).post(url, {**base, "replicas": ""})
+def test_a_fixed_count_needs_its_replicas(member, deploy_url, deploy_fields):
+    response = signed_in(member).post(deploy_url, {**deploy_fields, "replicas": ""})
     assert response.context["form"].errors == {"replicas": ["This field is required."]}
     assert not Deployment.objects.exists()
 
 
 def test_rolling_the_live_deployment_offers_and_keeps_its_policy(
-    member, team, url, model, version, artifact_root, cpu_instance_type, base
+    member, team, deploy_url, model, version, artifact_root, cpu_instance_type, deploy_fields
 ):
     live = make_deployment(
         model,
@@ -162,20 +147,20 @@ def test_rolling_the_live_deployment_offers_and_keeps_its_policy(
     live.refresh_from_db()
     v2 = make_version(model, artifact_root)
     client = signed_in(member)
-    form = client.get(url).context["form"]
+    form = client.get(deploy_url).context["form"]
     assert form.initial["autoscale"] is True
     assert (form.initial["min_replicas"], form.initial["max_replicas"]) == (1, 4)
     assert form.initial["scale_to_zero_after_seconds"] == 300
 
     # Posted back as offered: the policy and the autoscaler's count stay as they are.
     posted = {
-        **base,
+        **deploy_fields,
         "version": v2.pk,
         "replicas": 3,
         "autoscale": "on",
         **{k: form.initial[k] for k in POLICY if k != "autoscale"},
     }
-    response = client.post(url, posted)
+    response = client.post(deploy_url, posted)
     assert response.status_code == 302, errors_of(response)
     live.refresh_from_db()
     assert live.target_version == v2
@@ -184,7 +169,7 @@ def test_rolling_the_live_deployment_offers_and_keeps_its_policy(
 
     # Autoscale off: a fixed count, scale to zero off, recorded as an update.
     Deployment.objects.filter(pk=live.pk).update(observed_state=ObservedState.SERVING)
-    response = client.post(url, {**posted, "autoscale": "", "replicas": 2})
+    response = client.post(deploy_url, {**posted, "autoscale": "", "replicas": 2})
     assert response.status_code == 302, errors_of(response)
     live.refresh_from_db()
     assert policy_of(live) == (2, 2, 2, "in_flight", 4.0, 10, 300, None)
