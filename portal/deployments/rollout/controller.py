@@ -50,9 +50,10 @@ from portal.deployments.models import (
     DesiredState,
     EventKind,
     ObservedState,
+    StageAnalysis,
 )
 from portal.deployments.rollout import canary
-from portal.deployments.rollout.judge import CanaryPolicy
+from portal.deployments.rollout.judge import Analysis, CanaryPolicy
 from portal.deployments.rollout.rollout_health import scrape_counts, scrape_load
 from portal.deployments.rollout.status import traffic_text
 from portal.deployments.rollout.strategies import RolloutPlan, plan_for
@@ -579,6 +580,30 @@ def _shifted(deployment: Deployment, plan: RolloutPlan, view: View) -> float:
     return _interval()
 
 
+def _read_and_judge(
+    deployment: Deployment, plan: RolloutPlan, view: View, ends: float
+) -> canary.BakeJudgement:
+    """Both versions' observations over the bake (their instances' front ends, and the
+    gateways' for KServe requests), judged by the deployment's policy."""
+    assert plan.fallback is not None
+    target, fallback, started = (
+        deployment.target_version,
+        plan.fallback,
+        deployment.step.bake_started_at,
+    )
+    return canary.judge_bake(
+        CanaryPolicy.from_dict(deployment.canary_policy or {}),
+        view.ready(fallback),
+        view.ready(target),
+        started,
+        ends,
+        gateway_records=get_launcher(deployment.region).gateway_observations(
+            routing.route_path(deployment), started, ends
+        ),
+        labels=(f"v{fallback.number}", f"v{target.number}"),
+    )
+
+
 def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: float) -> float | str:
     """The canary analysis at the end of a bake (:mod:`.canary`). Returns how soon to look
     again when the rollout does not go on (it rolls back, holds, or bakes longer for want of
@@ -586,31 +611,20 @@ def _judge_bake(deployment: Deployment, plan: RolloutPlan, view: View, ends: flo
     assert plan.fallback is not None
     target, fallback, stage = deployment.target_version, plan.fallback, deployment.current_stage
     step = deployment.step
+    # A worker that stopped after keeping this bake's verdict and before acting on it left
+    # the verdict: act on it (the one on the page), not on a second reading.
     prior = canary.kept(deployment, ends)
+    judgement: canary.BakeJudgement | None = None
+    verdict: StageAnalysis | Analysis
     if prior is not None:
-        # A worker stopped after keeping this bake's verdict and before acting on it: act on
-        # the verdict kept (the one on the page), not on a second reading.
-        decision, reason, score = prior.decision, prior.reason, prior.score
-
-        def keep(action: str) -> None:
-            pass
+        verdict = prior
     else:
-        launcher = get_launcher(deployment.region)
-        judgement = canary.judge_bake(
-            CanaryPolicy.from_dict(deployment.canary_policy or {}),
-            view.ready(fallback),
-            view.ready(target),
-            step.bake_started_at,
-            ends,
-            gateway_records=launcher.gateway_observations(
-                routing.route_path(deployment), step.bake_started_at, ends
-            ),
-            labels=(f"v{fallback.number}", f"v{target.number}"),
-        )
-        decision = judgement.analysis.decision
-        reason, score = judgement.analysis.reason, judgement.analysis.score
+        judgement = _read_and_judge(deployment, plan, view, ends)
+        verdict = judgement.analysis
+    decision, reason, score = verdict.decision, verdict.reason, verdict.score
 
-        def keep(action: str) -> None:
+    def keep(action: str) -> None:
+        if judgement is not None:
             canary.keep(deployment, judgement, fallback, action)
 
     words = f"canary analysis of stage {stage}: {reason}"
